@@ -1,0 +1,114 @@
+"""The `mtplx` command line. Heavy modules (MLX, the engine, Textual) load inside commands, so
+`mtplx --help` stays fast and never imports MLX."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mtplx.errors import MtplxError
+
+app = typer.Typer(help="mtplx: run and inspect LLM sessions on MLX (MTP speculation, session bank, receipts).",
+                  no_args_is_help=True, add_completion=False)
+
+MODEL_HELP = "An embedded model name (tiny-dense, tiny-hybrid) or a local model directory."
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def models(
+    path: Optional[Path] = typer.Argument(None, help="Also describe this model directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (with each model's directory path)."),
+) -> None:
+    """List the embedded models (and PATH): architecture, parameters, MTP, template features."""
+    from mtplx.catalog import EMBEDDED, describe, resolve
+
+    try:
+        rows = [describe(resolve(name), name) for name in EMBEDDED]
+        if path is not None:
+            rows.append(describe(resolve(path)))
+    except MtplxError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        t = r["template"]
+        features = ", ".join(k for k in ("tools", "thinking", "enable_thinking") if t[k]) or "none"
+        typer.echo(f"{r['name']:<14} {r['architecture']:<9} {r['parameters'] / 1e6:5.2f}M params  "
+                   f"layers {r['layers']} ({r['recurrent_layers']} recurrent)  "
+                   f"MTP {'yes' if r['mtp'] else 'no'}  template: {features}\n{'':<14} {r['path']}")
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (rendered with the chat template)."),
+    model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
+    no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as-is, without the chat template."),
+    no_think: bool = typer.Option(False, "--no-think", help="Render with enable_thinking=false."),
+) -> None:
+    """Stream a completion from the command line, then print speed and acceptance to stderr."""
+    from mtplx.launch import open_engine
+
+    try:
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp)
+    except MtplxError as exc:
+        _fail(exc)
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+    from mtplx.events import Failed, Finished, Tokens
+
+    tok = engine.checkpoint.tokenizer
+    ids = tok.encode(prompt) if raw else tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, enable_thinking=not no_think)
+    request = GenerationRequest(tuple(ids), SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens), source="cli")
+    for event in engine.submit(request):
+        if isinstance(event, Tokens):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, Failed):
+            _fail(MtplxError(event.message))
+        elif isinstance(event, Finished):
+            s = event.stats
+            acc = " ".join(f"{a:.2f}" if a is not None else "-" for a in s["acceptance_by_depth"])
+            typer.echo(f"\n[{s['mode']}{' depth ' + str(s['depth']) if s['depth'] else ''}] "
+                       f"{event.completion_tokens} tokens, {s['decode_tps'] or 0:.1f} tok/s, TTFT {s['ttft_s']:.3f}s"
+                       + (f", tau {s['tau']:.2f}, acceptance by depth {acc}" if s["tau"] else "")
+                       + f", finish {event.finish_reason}", err=True)
+    engine.stop()
+
+
+@app.command()
+def tune(
+    model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP),
+    tokens: int = typer.Option(128, "--tokens", help="Tokens generated per measurement."),
+    save: bool = typer.Option(True, "--save/--no-save", help="Store the fastest setting as this model's default."),
+) -> None:
+    """Measure AR and each MTP depth on this machine; store the fastest as the default."""
+    from mtplx.tuning import tune_model
+
+    try:
+        tune_model(model, tokens=tokens, save=save, echo=typer.echo)
+    except MtplxError as exc:
+        _fail(exc)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

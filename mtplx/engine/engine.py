@@ -1,0 +1,206 @@
+"""The engine thread: the one thread that owns every MLX array.
+
+Callers `submit` a GenerationRequest and read its events from the returned Submission (a
+queue); `cancel` sets a flag the step loop checks every step. Requests wait in one queue per
+session and sessions are served round-robin, so one agent's burst cannot starve another.
+Every event is also handed to the engine's listeners (receipt writer, metrics, TUI), which must
+return quickly.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from mtplx.engine.request import GenerationRequest
+from mtplx.errors import EngineStopped, MtplxError, RequestError
+from mtplx.events import TERMINAL, EngineEvent, Failed, Finished, Queued
+
+log = logging.getLogger("mtplx.engine")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    chunk_size: int = 256
+    use_mtp: bool = True
+    depth: int = 2
+    context_window: int | None = None  # None: the model's max_position_embeddings
+
+    def __post_init__(self):
+        if not (isinstance(self.chunk_size, int) and self.chunk_size >= 16):
+            raise ValueError(f"chunk_size must be an integer >= 16, got {self.chunk_size!r}")
+        if not (isinstance(self.depth, int) and 1 <= self.depth <= 4):
+            raise ValueError(f"depth must be in 1..4, got {self.depth!r}")
+
+
+class Submission:
+    """A submitted request: iterate it for its events (ends after Finished or Failed)."""
+
+    def __init__(self, request: GenerationRequest):
+        self.request = request
+        self.events: queue.Queue[EngineEvent] = queue.Queue()
+        self.cancelled = threading.Event()
+        self.submitted_at = time.monotonic()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def __iter__(self) -> Iterator[EngineEvent]:
+        while True:
+            event = self.events.get()
+            yield event
+            if isinstance(event, TERMINAL):
+                return
+
+    def result(self) -> Finished:
+        """Block until the end; raise MtplxError if it failed."""
+        last = None
+        for last in self:
+            pass
+        if isinstance(last, Failed):
+            raise (RequestError if last.kind == "invalid_request" else MtplxError)(last.message)
+        return last
+
+
+class Engine:
+    def __init__(self, model_path: Path | str, config: EngineConfig = EngineConfig(), name: str | None = None,
+                 bank=None):
+        self.model_path, self.config, self.name, self.bank = Path(model_path), config, name, bank
+        self.listeners: list[Callable[[EngineEvent], None]] = []
+        self._queues: OrderedDict[str, deque[Submission]] = OrderedDict()
+        self._lock = threading.Condition()
+        self._ready = threading.Event()
+        self._stopping = False
+        self._load_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.checkpoint = self.runner = None
+        self.busy: str | None = None  # request id being served
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self, timeout: float = 300) -> "Engine":
+        self._thread = threading.Thread(target=self._main, name="mtplx-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout)
+        if self._load_error is not None:
+            raise self._load_error
+        if not self._ready.is_set():
+            raise EngineStopped(f"model {self.model_path} did not load within {timeout}s")
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    @property
+    def context_window(self) -> int:
+        return self.config.context_window or int(self.model_config.get("max_position_embeddings", 32768))
+
+    @property
+    def model_config(self) -> dict:
+        config = self.checkpoint.config
+        return config.get("text_config", config)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.checkpoint.has_mtp
+
+    # -- submission -------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> Submission:
+        """Queue a request. Raises RequestError at once for a prompt that cannot fit."""
+        if not self._ready.is_set() or self._stopping:
+            raise EngineStopped("the engine is not running")
+        limit = self.context_window
+        if len(request.prompt) >= limit:
+            raise RequestError(f"prompt has {len(request.prompt)} tokens; the context window is {limit}")
+        sub = Submission(request)
+        with self._lock:
+            session = request.session or request.request_id
+            self._queues.setdefault(session, deque()).append(sub)
+            ahead = sum(len(q) for q in self._queues.values()) - 1 + (1 if self.busy else 0)
+            self._lock.notify_all()
+        self._publish(sub, Queued(request.request_id, ahead))
+        return sub
+
+    def _next(self) -> Submission | None:
+        with self._lock:
+            while not self._stopping and not self._queues:
+                self._lock.wait()
+            if self._stopping:
+                return None
+            session, pending = next(iter(self._queues.items()))
+            sub = pending.popleft()
+            del self._queues[session]
+            if pending:  # round-robin: the session goes to the back of the line
+                self._queues[session] = pending
+            return sub
+
+    def _publish(self, sub: Submission, event: EngineEvent) -> None:
+        sub.events.put(event)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:  # a consumer's bug must not stop generation
+                log.exception("engine listener failed on %s", type(event).__name__)
+
+    # -- the thread -------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            from mtplx.engine.checkpoint import load_checkpoint
+            from mtplx.engine.runner import ModelRunner
+
+            self.checkpoint = load_checkpoint(self.model_path, self.name)
+            self.runner = ModelRunner(self.checkpoint)
+            self.eos_ids = set(self.checkpoint.tokenizer.eos_token_ids)
+        except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread
+            self._load_error = exc
+            self._ready.set()
+            self._release_streams()
+            return
+        self._ready.set()
+        while (sub := self._next()) is not None:
+            self.busy = sub.request.request_id
+            try:
+                self._serve(sub)
+            finally:
+                self.busy = None
+        self._release_streams()
+
+    @staticmethod
+    def _release_streams() -> None:
+        # MLX wants each thread to destroy its own streams before it ends; left to process
+        # teardown they can abort the interpreter ("terminate called without an active exception").
+        import mlx.core as mx
+
+        mx.synchronize()
+        mx.clear_streams()
+
+    def _serve(self, sub: Submission) -> None:
+        from mtplx.engine.generation import Generation, StartPoint, events
+
+        request = sub.request
+        if sub.cancelled.is_set():
+            self._publish(sub, Finished(request.request_id, "cancelled", len(request.prompt), 0, 0, "", (), {}))
+            return
+        try:
+            use_mtp = self.config.use_mtp if request.use_mtp is None else request.use_mtp
+            gen = Generation(self.runner, request, use_mtp=use_mtp, depth=request.depth or self.config.depth,
+                             chunk_size=self.config.chunk_size, eos_ids=self.eos_ids, submitted_at=sub.submitted_at)
+            start, checkpoints, hook = (self.bank.plan(request, gen) if self.bank else (StartPoint(), (), None))
+            for event in events(gen, start, sub.cancelled.is_set, checkpoints, hook):
+                self._publish(sub, event)
+            if self.bank:
+                self.bank.commit(request, gen)
+        except RequestError as exc:
+            self._publish(sub, Failed(request.request_id, str(exc), "invalid_request"))
+        except Exception as exc:
+            log.exception("request %s failed", request.request_id)
+            self._publish(sub, Failed(request.request_id, f"internal error in request {request.request_id}: {type(exc).__name__}", "internal"))

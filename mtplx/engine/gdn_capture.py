@@ -1,0 +1,69 @@
+"""Per-position GatedDeltaNet states inside one multi-token forward (the MTP verify).
+
+A recurrent state cannot be trimmed like attention KV: after a verify over k+1 tokens of which
+only j+1 are kept, the conv tail and the recurrent state must be what feeding only those tokens
+would give. Rather than replaying the kept tokens, the verify forward records the state after
+every position, and rollback picks the right one.
+
+On CPU mlx-lm already runs the recurrence step by step (`gated_delta_ops`); the capturing path
+runs the very same step function in the same order, so a kept state is bit-identical to the one
+an autoregressive feed produces. Only mlx-lm's `qwen3_5` GatedDeltaNet is handled; other
+recurrent layers fall back to snapshot-and-replay (see `rollback.py`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import gated_delta
+from mlx_lm.models.qwen3_5 import GatedDeltaNet
+
+
+class CapturingGatedDeltaNet(GatedDeltaNet):
+    """Same weights and outputs; when `cache.capture` is set it also fills `cache.positions`
+    with (conv_tail, recurrent_state) after each input position."""
+
+    def __call__(self, inputs: mx.array, mask=None, cache=None) -> mx.array:
+        if cache is None or not getattr(cache, "capture", False) or mask is not None:
+            return super().__call__(inputs, mask, cache)
+        B, S, _ = inputs.shape
+        keep = self.conv_kernel_size - 1
+        qkv = self.in_proj_qkv(inputs)
+        z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
+        conv_state = cache[0] if cache[0] is not None else mx.zeros((B, keep, self.conv_dim), dtype=inputs.dtype)
+        conv_input = mx.concatenate([conv_state, qkv], axis=1)
+        conv_out = nn.silu(self.conv1d(conv_input))
+        sizes = [self.key_dim, 2 * self.key_dim]
+        q, k, v = [
+            t.reshape(B, S, h, d)
+            for t, h, d in zip(mx.split(conv_out, sizes, -1),
+                               [self.num_k_heads, self.num_k_heads, self.num_v_heads],
+                               [self.head_k_dim, self.head_k_dim, self.head_v_dim])
+        ]
+        q, k = gated_delta.normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
+        beta = mx.sigmoid(self.in_proj_b(inputs))
+        g = gated_delta.compute_g(self.A_log, self.in_proj_a(inputs), self.dt_bias)
+        state = cache[1] if cache[1] is not None else mx.zeros((B, self.num_v_heads, self.head_v_dim, self.head_k_dim), dtype=mx.float32)
+        if (repeat := self.num_v_heads // self.num_k_heads) > 1:
+            q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
+        ys, positions = [], []
+        for t in range(S):
+            y, state = gated_delta._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
+            ys.append(y)
+            positions.append((conv_input[:, t + 1 : t + 1 + keep, :], state))
+        cache[0], cache[1] = mx.contiguous(conv_input[:, -keep:, :]), state
+        cache.advance(S)
+        cache.positions = positions
+        out = self.norm(mx.stack(ys, axis=1), z)
+        return self.out_proj(out.reshape(B, S, -1))
+
+
+def install(model) -> bool:
+    """Switch every qwen3_5 GatedDeltaNet of `model` to the capturing class (same parameters).
+    Returns whether all recurrent layers can now capture."""
+    layers = getattr(model, "layers", [])
+    recurrent = [layer for layer in layers if hasattr(layer, "linear_attn")]
+    for layer in recurrent:
+        if type(layer.linear_attn) is GatedDeltaNet:
+            layer.linear_attn.__class__ = CapturingGatedDeltaNet
+    return all(isinstance(layer.linear_attn, CapturingGatedDeltaNet) for layer in recurrent)

@@ -1,0 +1,205 @@
+"""One request's step loop: restore -> prefill the rest -> decode (AR or MTP) -> finish.
+
+Yields engine events. Prefill runs in chunks whose boundaries are absolute multiples of the
+chunk size (plus any checkpoint positions the caller asks for), so a cold prefill and one that
+starts from a restored state run the same forward boundaries.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import mlx.core as mx
+
+from mtplx.engine import cache_state
+from mtplx.engine.request import GenerationRequest
+from mtplx.engine.runner import ModelRunner
+from mtplx.engine.sampling import Sampler, apply_repetition_penalty
+from mtplx.engine.segments import SegmentTracker
+from mtplx.engine.speculation import Speculator
+from mtplx.engine.stats import GenerationStats
+from mtplx.engine.text_stream import TextStream
+from mtplx.events import DraftVerified, FirstToken, Finished, PrefillProgress, Restored, Tokens
+
+
+@dataclass
+class TurnState:
+    """The caches of one request. `length` tokens of `tokens` are in the trunk cache; the MTP
+    cache holds pairs for positions below `length` minus the pending pairs."""
+
+    trunk: list
+    mtp: object | None
+    tokens: list[int]
+    length: int = 0
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where a request starts: a state restored (or kept live) holding `cached` prompt tokens."""
+
+    state: TurnState | None = None
+    source: str = "cold"
+    anchor: str | None = None
+    ceiling: int | None = None
+    shortfall: str | None = None
+
+    @property
+    def cached(self) -> int:
+        return self.state.length if self.state else 0
+
+
+CheckpointHook = Callable[[int, TurnState], None]
+
+
+class Generation:
+    def __init__(self, runner: ModelRunner, request: GenerationRequest, *, use_mtp: bool, depth: int,
+                 chunk_size: int, eos_ids: set[int], submitted_at: float):
+        self.runner, self.request = runner, request
+        self.params = request.sampling
+        # A repetition penalty changes each position's distribution with the drafts before it;
+        # such requests decode autoregressively rather than verify against a moving target.
+        self.use_mtp = use_mtp and runner.mtp is not None and self.params.repetition_penalty == 1.0
+        self.depth = depth
+        self.chunk_size = chunk_size
+        self.eos_ids = eos_ids
+        self.submitted_at = submitted_at
+        self.sampler = Sampler(self.params)
+        tokenizer = runner.checkpoint.tokenizer
+        self.stream = TextStream(tokenizer, self.params.stop)
+        prompt_text_tail = tokenizer.decode(list(request.prompt[-4:]))
+        self.segments = SegmentTracker(tokenizer, start_in_reasoning=prompt_text_tail.rstrip().endswith("<think>"))
+        self.stats = GenerationStats(mode="mtp" if self.use_mtp else "ar", depth=depth if self.use_mtp else 0,
+                                     prompt_tokens=len(request.prompt))
+        self.generated: list[int] = []
+        self.finish_reason: str | None = None
+        self.state: TurnState | None = None
+
+    # -- prefill ----------------------------------------------------------------------------
+    def _chunk_ends(self, start: int, end: int, checkpoints: tuple[int, ...]) -> list[int]:
+        grid = range((start // self.chunk_size + 1) * self.chunk_size, end, self.chunk_size)
+        return sorted({*grid, *(c for c in checkpoints if start < c < end), end})
+
+    def prefill(self, start: StartPoint, checkpoints: tuple[int, ...], on_checkpoint: CheckpointHook | None) -> Iterator:
+        prompt = list(self.request.prompt)
+        if start.state is not None:
+            state = start.state
+        else:
+            state = TurnState(self.runner.new_trunk_cache(), self.runner.new_mtp_cache() if self.use_mtp else None, [])
+        cached = state.length
+        self.stats.cached_tokens = cached
+        yield Restored(self.request.request_id, len(prompt), cached, start.source, start.anchor, start.ceiling, start.shortfall)
+        if cached >= len(prompt):  # nothing to compute: back off one token so there is a last hidden
+            raise ValueError(f"start state holds {cached} tokens, more than the {len(prompt) - 1} a restore may cover")
+        t0 = time.perf_counter()
+        last_hidden = None
+        for end in self._chunk_ends(cached, len(prompt), checkpoints):
+            begin = state.length
+            hidden = self.runner.hidden(prompt[begin:end], state.trunk)
+            if self.use_mtp and state.mtp is not None:
+                # Pair each hidden with the prompt token after it; the last prompt position
+                # pairs with the first generated token later.
+                pairs = hidden if end < len(prompt) else hidden[:, :-1]
+                if pairs.shape[1]:
+                    self.runner.draft_hidden(pairs, prompt[begin + 1 : begin + 1 + pairs.shape[1]], state.mtp)
+            mx.eval(hidden, [c.state for c in state.trunk if c is not None])
+            state.tokens.extend(prompt[begin:end])
+            state.length = end
+            last_hidden = hidden[:, -1:, :]
+            if on_checkpoint and end in checkpoints:
+                on_checkpoint(end, state)
+            yield PrefillProgress(self.request.request_id, end - cached, len(prompt) - cached)
+        self.stats.prefill_s = time.perf_counter() - t0
+        self.state = state
+        self.last_hidden = last_hidden
+
+    # -- decode -----------------------------------------------------------------------------
+    def _emit(self, tokens: list[int]) -> Iterator:
+        """Hand out generated tokens until a stop; sets finish_reason when one is met."""
+        out: list[int] = []
+        text = ""
+        segment = self.segments.peek(tokens[0]) if tokens else "content"
+        for token in tokens:
+            if token in self.eos_ids:
+                self.finish_reason = "stop"
+                break
+            out.append(token)
+            self.generated.append(token)
+            self.segments.segment_of(token)
+            text += self.stream.add(token)
+            if self.stream.stopped:
+                self.finish_reason = "stop"
+                break
+            if len(self.generated) >= self.params.max_tokens:
+                self.finish_reason = "length"
+                break
+        if out or text:
+            yield Tokens(self.request.request_id, tuple(out), text, segment)
+
+    def decode(self, cancelled: Callable[[], bool]) -> Iterator:
+        t0 = time.perf_counter()
+        first = self._pick(self.runner.logits(self.last_hidden)[0, -1])
+        self.stats.ttft_s = time.monotonic() - self.submitted_at
+        yield FirstToken(self.request.request_id, self.stats.ttft_s)
+        yield from self._emit([first])
+        speculator = Speculator(self.runner, self.sampler, self.state, self.last_hidden, first, self.stats) if self.use_mtp else None
+        last = first
+        while self.finish_reason is None:
+            if cancelled():
+                self.finish_reason = "cancelled"
+                break
+            if speculator is not None:
+                budget = self.params.max_tokens - len(self.generated)
+                new, drafts, accepted = speculator.round(min(self.depth, max(1, budget - 1)))
+                segments = self._segments_of(drafts)
+                yield DraftVerified(self.request.request_id, len(drafts), accepted, segments[0])
+                self.stats.record_verify(segments, accepted)
+            else:
+                new = [self._ar_step(last)]
+            yield from self._emit(new)
+            last = new[-1]
+        self.stats.decode_s = time.perf_counter() - t0
+        self.stats.completion_tokens = len(self.generated)
+
+    def _segments_of(self, drafts: list[int]) -> list[str]:
+        """The segment each draft token would fall in (the tracker itself is not advanced)."""
+        probe = copy.copy(self.segments)
+        return [probe.segment_of(token) for token in drafts]
+
+    def _pick(self, logits: mx.array) -> int:
+        t = time.perf_counter()
+        if self.params.repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, list(self.request.prompt) + self.generated, self.params.repetition_penalty)
+        token = self.sampler.pick(logits)
+        self.stats.sample_s += time.perf_counter() - t
+        return token
+
+    def _ar_step(self, last: int) -> int:
+        t = time.perf_counter()
+        hidden = self.runner.hidden([last], self.state.trunk)
+        logits = self.runner.logits(hidden)[0, -1]
+        mx.eval(logits)
+        self.stats.verify_s += time.perf_counter() - t
+        self.state.tokens.append(last)
+        self.state.length += 1
+        return self._pick(logits)
+
+    def finish(self) -> Finished:
+        tail = "" if self.stream.stopped else self.stream.flush()
+        return Finished(
+            self.request.request_id, self.finish_reason or "stop", len(self.request.prompt), len(self.generated),
+            self.stats.cached_tokens, self.stream.text, tuple(self.generated), self.stats.as_dict(),
+        ), tail
+
+
+def events(gen: Generation, start: StartPoint, cancelled: Callable[[], bool],
+           checkpoints: tuple[int, ...] = (), on_checkpoint: CheckpointHook | None = None) -> Iterator:
+    """The whole request as a stream of events (the engine thread drives this)."""
+    yield from gen.prefill(start, checkpoints, on_checkpoint)
+    yield from gen.decode(cancelled)
+    finished, tail = gen.finish()
+    if tail:
+        yield Tokens(gen.request.request_id, (), tail, gen.segments.current)
+    yield finished

@@ -1,0 +1,34 @@
+"""What callers submit to the engine."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from mtplx.engine.sampling import SamplingParams
+from mtplx.errors import RequestError
+
+
+def new_request_id() -> str:
+    return "req_" + uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = field(default_factory=new_request_id)
+    use_mtp: bool | None = None  # None: the engine's default
+    depth: int | None = None  # None: the engine's default depth
+    session: str | None = None
+    source: str = "api"  # "tui", "api", "replay", "cli"
+    message_ends: tuple[int, ...] = ()  # token offsets where complete messages end (for the bank)
+    head_end: int | None = None  # end of the system/tools head, when the prompt has one
+
+    def __post_init__(self):
+        if not self.prompt:
+            raise RequestError("prompt must not be empty")
+        if not all(isinstance(t, int) and t >= 0 for t in self.prompt):
+            raise RequestError("prompt must be a sequence of non-negative token ids")
+        if self.depth is not None and not (isinstance(self.depth, int) and 1 <= self.depth <= 4):
+            raise RequestError(f"depth must be an integer in 1..4, got {self.depth!r}")

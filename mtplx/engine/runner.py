@@ -1,0 +1,48 @@
+"""Forward passes over a loaded checkpoint: trunk hidden states, logits, the MTP head.
+
+The runner knows arrays and caches, never requests or events. Only the engine thread calls it.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from mtplx.engine import gdn_capture
+from mtplx.engine.checkpoint import Checkpoint
+
+
+class ModelRunner:
+    def __init__(self, checkpoint: Checkpoint):
+        self.checkpoint = checkpoint
+        self.model = checkpoint.model
+        self.mtp = checkpoint.mtp
+        # mlx-lm models expose `.model` (the text model, returning post-norm hidden states).
+        self.inner = self.model.model
+        outer = getattr(self.model, "language_model", self.model)
+        tied = getattr(outer.args, "tie_word_embeddings", False) or not hasattr(outer, "lm_head")
+        self._project = self.inner.embed_tokens.as_linear if tied else outer.lm_head
+        self.has_recurrent = any(hasattr(layer, "linear_attn") for layer in self.model.layers)
+        self.can_capture = gdn_capture.install(self.model) if self.has_recurrent else True
+
+    # -- caches -----------------------------------------------------------------------------
+    def new_trunk_cache(self) -> list:
+        return make_prompt_cache(self.model)
+
+    def new_mtp_cache(self) -> KVCache | None:
+        return KVCache() if self.mtp is not None else None
+
+    # -- forwards ---------------------------------------------------------------------------
+    def hidden(self, tokens: list[int], cache: list) -> mx.array:
+        """Post-norm hidden states (1, T, H) for `tokens`, appended to `cache`."""
+        return self.inner(mx.array([tokens]), cache=cache)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        return self._project(hidden).astype(mx.float32)
+
+    def embed(self, tokens: list[int]) -> mx.array:
+        return self.inner.embed_tokens(mx.array([tokens]))
+
+    def draft_hidden(self, hidden: mx.array, next_tokens: list[int], mtp_cache: KVCache) -> mx.array:
+        """MTP head over (hidden[t], token[t+1]) pairs; returns its hidden states (1, T, H)."""
+        return self.mtp(hidden, self.embed(next_tokens), mtp_cache)

@@ -1,0 +1,98 @@
+"""Sampling settings and the distributions speculation needs.
+
+Temperature 0 is greedy. Otherwise logits are scaled, filtered (top-k, top-p, min-p) and
+normalised; the *same* transform is applied to draft logits, so rejection sampling against the
+filtered target distribution is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from mtplx.errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 512
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    repetition_penalty: float = 1.0  # 1.0 = off
+
+    def __post_init__(self):
+        checks = [
+            (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and 0 <= self.temperature <= 100, "temperature", "a finite number in [0, 100]"),
+            (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", "in (0, 1]"),
+            (isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "an integer >= 0"),
+            (isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1, "min_p", "in [0, 1)"),
+            (self.seed is None or isinstance(self.seed, int), "seed", "an integer"),
+            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer >= 1"),
+            (isinstance(self.repetition_penalty, (int, float)) and 0 < self.repetition_penalty <= 10, "repetition_penalty", "in (0, 10]"),
+            (all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16, "stop", "up to 16 non-empty strings"),
+        ]
+        for ok, name, rule in checks:
+            if not ok:
+                raise RequestError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
+    """The filtered sampling distribution over the last axis (float32), for temperature > 0."""
+    logits = logits.astype(mx.float32) / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = mx.sort(logits, axis=-1)[..., -params.top_k][..., None]
+        logits = mx.where(logits < kth, -mx.inf, logits)
+    probs = mx.softmax(logits, axis=-1)
+    if params.top_p < 1.0:
+        order = mx.argsort(-probs, axis=-1)
+        sorted_p = mx.take_along_axis(probs, order, axis=-1)
+        before = mx.cumsum(sorted_p, axis=-1) - sorted_p  # mass strictly above each token
+        keep_sorted = before < params.top_p
+        keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+        probs = mx.where(keep, probs, 0.0)
+    if params.min_p > 0:
+        probs = mx.where(probs < params.min_p * probs.max(axis=-1, keepdims=True), 0.0, probs)
+    return probs / probs.sum(axis=-1, keepdims=True)
+
+
+def apply_repetition_penalty(logits: mx.array, context: list[int], penalty: float) -> mx.array:
+    if penalty == 1.0 or not context:
+        return logits
+    ids = mx.array(sorted(set(context)))
+    picked = logits[..., ids]
+    logits[..., ids] = mx.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+class Sampler:
+    """Draws tokens for one request; seeded requests draw the same tokens every time."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.key = mx.random.key(params.seed if params.seed is not None else mx.random.randint(0, 2**31 - 1, ()).item())
+
+    def _next_key(self) -> mx.array:
+        self.key, sub = mx.random.split(self.key)
+        return sub
+
+    def draw(self, probs: mx.array) -> int:
+        return int(mx.random.categorical(mx.log(probs), key=self._next_key()).item())
+
+    def uniform(self) -> float:
+        return float(mx.random.uniform(key=self._next_key()).item())
+
+    def pick(self, logits: mx.array) -> int:
+        """One token from raw logits (greedy at temperature 0)."""
+        if self.params.greedy:
+            return int(mx.argmax(logits, axis=-1).item())
+        return self.draw(probabilities(logits, self.params))

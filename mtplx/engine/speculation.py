@@ -1,0 +1,103 @@
+"""MTP self-speculation: draft k tokens with the MTP head, verify them in one trunk forward.
+
+Acceptance is exact. At temperature 0 a draft is kept when it equals the trunk's argmax (and the
+drafts themselves are greedy: speed only, output unchanged). Above 0, draft d drawn from q is
+kept with probability min(1, p(d)/q(d)); the first rejected position draws from the residual
+max(0, p - q), and when every draft is kept the verify's last position gives a bonus token. The
+output distribution is therefore exactly the trunk's.
+
+Rollback keeps the trunk cache equal to what feeding only the kept tokens would give: attention
+KV is trimmed, recurrent (GatedDeltaNet) layers take the state the verify captured at the last
+kept position, or, for recurrent layers that cannot capture, are rewound and the kept tokens
+replayed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+
+from mtplx.engine import cache_state
+from mtplx.engine.runner import ModelRunner
+from mtplx.engine.sampling import Sampler, probabilities
+from mtplx.engine.stats import GenerationStats
+
+
+class Speculator:
+    def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int, stats: GenerationStats):
+        self.runner, self.sampler, self.state, self.stats = runner, sampler, state, stats
+        self.params = sampler.params
+        # MTP pairs (hidden at t, token at t+1) not yet fed to the MTP cache; the last pair's
+        # output starts the next draft chain.
+        self.pending_hidden = last_hidden
+        self.pending_tokens = [first]
+        self.last = first  # generated, not yet fed to the trunk
+
+    def _draft(self, k: int) -> tuple[list[int], list]:
+        runner = self.runner
+        m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
+        drafts, dists = [], []
+        for i in range(k):
+            logits = runner.logits(m)[0, -1]
+            if self.params.greedy:
+                drafts.append(int(mx.argmax(logits).item()))
+                dists.append(None)
+            else:
+                q = probabilities(logits, self.params)
+                drafts.append(self.sampler.draw(q))
+                dists.append(q)
+            if i < k - 1:
+                m = runner.draft_hidden(m, [drafts[-1]], self.state.mtp)
+        return drafts, dists
+
+    def _accept(self, logits: mx.array, drafts: list[int], dists: list) -> tuple[int, int]:
+        """How many drafts to keep, and the token the verify adds after them."""
+        if self.params.greedy:
+            targets = mx.argmax(logits, axis=-1).tolist()
+            kept = 0
+            while kept < len(drafts) and drafts[kept] == targets[kept]:
+                kept += 1
+            return kept, targets[kept]
+        p = probabilities(logits, self.params)
+        for i, (d, q) in enumerate(zip(drafts, dists)):
+            ratio = (p[i, d] / q[d]).item()
+            if self.sampler.uniform() >= ratio:
+                residual = mx.maximum(p[i] - q, 0.0)
+                total = residual.sum().item()
+                return i, self.sampler.draw(residual / total if total > 0 else p[i])
+        return len(drafts), self.sampler.draw(p[len(drafts)])
+
+    def round(self, k: int) -> tuple[list[int], list[int], int]:
+        """One draft+verify round. Returns (new tokens, drafts, drafts accepted)."""
+        state, runner = self.state, self.runner
+        t0 = time.perf_counter()
+        drafts, dists = self._draft(k)
+        t1 = time.perf_counter()
+        fed = [self.last] + drafts
+        capture = runner.can_capture
+        saved = None if capture else cache_state.recurrent_copy(state.trunk)
+        cache_state.set_capture(state.trunk, capture)
+        hidden = runner.hidden(fed, state.trunk)
+        logits = runner.logits(hidden)[0]
+        mx.eval(logits)
+        t2 = time.perf_counter()
+        accepted, extra = self._accept(logits, drafts, dists)
+        t3 = time.perf_counter()
+        kept = accepted + 1
+        if capture or not runner.has_recurrent:
+            cache_state.keep_verified(state.trunk, len(fed), kept)
+        elif kept < len(fed):
+            cache_state.rewind(state.trunk, saved, len(fed))
+            hidden = runner.hidden(fed[:kept], state.trunk)
+        cache_state.set_capture(state.trunk, False)
+        state.mtp.trim(k - 1)  # drop the speculative MTP entries of draft steps 2..k
+        state.tokens.extend(fed[:kept])
+        state.length += kept
+        self.pending_hidden = hidden[:, :kept, :]
+        self.pending_tokens = drafts[:accepted] + [extra]
+        self.last = extra
+        self.stats.draft_s += t1 - t0
+        self.stats.verify_s += t2 - t1
+        self.stats.sample_s += t3 - t2
+        return drafts[:accepted] + [extra], drafts, accepted

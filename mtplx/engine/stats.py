@@ -1,0 +1,68 @@
+"""Per-request generation statistics: speculation acceptance by depth and by segment, time split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mtplx.engine.segments import SEGMENTS
+
+
+@dataclass
+class GenerationStats:
+    mode: str = "ar"  # "ar" or "mtp"
+    depth: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    verify_calls: int = 0
+    drafted_by_depth: list[int] = field(default_factory=list)
+    accepted_by_depth: list[int] = field(default_factory=list)
+    drafted_by_segment: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
+    accepted_by_segment: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    sample_s: float = 0.0
+    decode_s: float = 0.0
+    ttft_s: float | None = None
+
+    def __post_init__(self):
+        if not self.drafted_by_depth:
+            self.drafted_by_depth = [0] * self.depth
+            self.accepted_by_depth = [0] * self.depth
+
+    def record_verify(self, drafted_segments: list[str], accepted: int) -> None:
+        """One verify over len(drafted_segments) drafts, of which the first `accepted` were kept."""
+        self.verify_calls += 1
+        for i, segment in enumerate(drafted_segments):
+            self.drafted_by_depth[i] += 1
+            self.drafted_by_segment[segment] += 1
+            if i < accepted:
+                self.accepted_by_depth[i] += 1
+                self.accepted_by_segment[segment] += 1
+
+    @property
+    def tau(self) -> float | None:
+        """Tokens produced per verify forward (accepted drafts + the one the verify samples)."""
+        if not self.verify_calls:
+            return None
+        return (sum(self.accepted_by_depth) + self.verify_calls) / self.verify_calls
+
+    @property
+    def acceptance_by_depth(self) -> list[float | None]:
+        return [a / d if d else None for a, d in zip(self.accepted_by_depth, self.drafted_by_depth)]
+
+    @property
+    def decode_tps(self) -> float | None:
+        return self.completion_tokens / self.decode_s if self.decode_s > 0 else None
+
+    @property
+    def prefill_tps(self) -> float | None:
+        computed = self.prompt_tokens - self.cached_tokens
+        return computed / self.prefill_s if self.prefill_s > 0 and computed > 0 else None
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items()}
+        out.update(tau=self.tau, acceptance_by_depth=self.acceptance_by_depth,
+                   decode_tps=self.decode_tps, prefill_tps=self.prefill_tps)
+        return out

@@ -1,0 +1,96 @@
+"""The closed set of engine events: one producer (the engine thread), three consumers (server,
+TUI, receipt writer). Every event names its request and carries a monotonic timestamp.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Union
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+@dataclass(frozen=True)
+class Queued:
+    request_id: str
+    position: int  # requests ahead of this one
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What the prompt could reuse: `cached_tokens` of `prompt_tokens` came from `source`."""
+
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    source: str  # "cold", "ram", "ssd", "live"
+    anchor: str | None = None  # anchor kind restored at, when the bank chose one
+    ceiling: int | None = None  # reuse ceiling of the turn, when known
+    shortfall: str | None = None  # why cached < ceiling, when it is
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    request_id: str
+    done: int  # prompt tokens computed so far in this request (restored ones excluded)
+    total: int  # prompt tokens to compute
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    request_id: str
+    ttft_s: float  # from submission to the first generated token
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Newly generated tokens (already checked against stops) and the text they complete."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    segment: str  # "reasoning", "content" or "tool_call" at the first of these tokens
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class DraftVerified:
+    """One MTP verify: `accepted` of `drafted` draft tokens kept, by position (1 = depth 1)."""
+
+    request_id: str
+    drafted: int
+    accepted: int
+    segment: str
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: str
+    finish_reason: str  # "stop", "length", "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    text: str
+    token_ids: tuple[int, ...]
+    stats: dict  # GenerationStats.as_dict()
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: str
+    message: str
+    kind: str  # "invalid_request", "internal"
+    t: float = field(default_factory=_now)
+
+
+EngineEvent = Union[Queued, Restored, PrefillProgress, FirstToken, Tokens, DraftVerified, Finished, Failed]
+TERMINAL = (Finished, Failed)

@@ -1,0 +1,23 @@
+"""Building a running engine from what a user types: a model name or path and decoding flags.
+
+Decoding defaults come, in order, from the flags, from `mtplx tune`'s stored result for this
+exact model identity, and from the built-in default (MTP at depth 2 when the model has a head).
+"""
+
+from __future__ import annotations
+
+from mtplx.catalog import resolve
+from mtplx.engine.checkpoint import model_identity
+from mtplx.engine.engine import Engine, EngineConfig
+from mtplx.settings import tuned_default
+
+
+def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int = 256) -> EngineConfig:
+    tuned = tuned_default(model_identity(model_path)) or {}
+    use_mtp = False if no_mtp else tuned.get("mtp", True) if depth is None else True
+    return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2))
+
+
+def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank=None) -> Engine:
+    path = resolve(model)
+    return Engine(path, engine_config(path, depth, no_mtp), name=model if "/" not in model else None, bank=bank).start()

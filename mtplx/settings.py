@@ -1,0 +1,38 @@
+"""User settings in $MTPLX_HOME/settings.json; today: each model's tuned decoding default."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from mtplx.home import home_path
+
+
+def _file():
+    return home_path("settings.json")
+
+
+def load_settings() -> dict:
+    try:
+        data = json.loads(_file().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}  # missing or damaged settings fall back to built-in defaults
+
+
+def save_settings(settings: dict) -> None:
+    path = _file()
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(settings, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def tuned_default(identity: str) -> dict | None:
+    """{"mtp": bool, "depth": int} measured by `mtplx tune` for this model identity, if any."""
+    return load_settings().get("tuned", {}).get(identity)
+
+
+def store_tuned(identity: str, mtp: bool, depth: int, measured: dict) -> None:
+    settings = load_settings()
+    settings.setdefault("tuned", {})[identity] = {"mtp": mtp, "depth": depth, "measured": measured}
+    save_settings(settings)
