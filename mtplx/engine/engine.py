@@ -68,6 +68,18 @@ class Submission:
         return last
 
 
+@dataclass
+class _Call:
+    fn: Callable
+    done: queue.Queue
+
+    def run(self) -> None:
+        try:
+            self.done.put((True, self.fn()))
+        except Exception as exc:  # handed back to the caller's thread
+            self.done.put((False, exc))
+
+
 class Engine:
     def __init__(self, model_path: Path | str, config: EngineConfig = EngineConfig(), name: str | None = None,
                  bank=None):
@@ -130,6 +142,18 @@ class Engine:
         self._publish(sub, Queued(request.request_id, ahead))
         return sub
 
+    def call(self, fn: Callable, timeout: float | None = None):
+        """Run `fn()` on the engine thread between requests and return its result (or raise its
+        error). For work that touches MLX state from outside: inspection, tests, benchmarks."""
+        done: queue.Queue = queue.Queue()
+        with self._lock:
+            self._queues.setdefault("__call__", deque()).append(_Call(fn, done))
+            self._lock.notify_all()
+        ok, value = done.get(timeout=timeout)
+        if not ok:
+            raise value
+        return value
+
     def _next(self) -> Submission | None:
         with self._lock:
             while not self._stopping and not self._queues:
@@ -167,6 +191,9 @@ class Engine:
             return
         self._ready.set()
         while (sub := self._next()) is not None:
+            if isinstance(sub, _Call):
+                sub.run()
+                continue
             self.busy = sub.request.request_id
             try:
                 self._serve(sub)

@@ -24,6 +24,27 @@ from mtplx.engine.sampling import Sampler, probabilities
 from mtplx.engine.stats import GenerationStats
 
 
+def accept_drafts(logits: mx.array, drafts: list[int], dists: list, sampler: Sampler) -> tuple[int, int]:
+    """How many drafts to keep, and the token the verify adds after them.
+
+    `logits` has one row per verify position (len(drafts) + 1); `dists` holds each draft's
+    distribution q (None when drafting was greedy)."""
+    params = sampler.params
+    if params.greedy:
+        targets = mx.argmax(logits, axis=-1).tolist()
+        kept = 0
+        while kept < len(drafts) and drafts[kept] == targets[kept]:
+            kept += 1
+        return kept, targets[kept]
+    p = probabilities(logits, params)
+    for i, (d, q) in enumerate(zip(drafts, dists)):
+        if sampler.uniform() >= (p[i, d] / q[d]).item():
+            residual = mx.maximum(p[i] - q, 0.0)
+            total = residual.sum().item()
+            return i, sampler.draw(residual / total if total > 0 else p[i])
+    return len(drafts), sampler.draw(p[len(drafts)])
+
+
 class Speculator:
     def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int, stats: GenerationStats):
         self.runner, self.sampler, self.state, self.stats = runner, sampler, state, stats
@@ -51,23 +72,6 @@ class Speculator:
                 m = runner.draft_hidden(m, [drafts[-1]], self.state.mtp)
         return drafts, dists
 
-    def _accept(self, logits: mx.array, drafts: list[int], dists: list) -> tuple[int, int]:
-        """How many drafts to keep, and the token the verify adds after them."""
-        if self.params.greedy:
-            targets = mx.argmax(logits, axis=-1).tolist()
-            kept = 0
-            while kept < len(drafts) and drafts[kept] == targets[kept]:
-                kept += 1
-            return kept, targets[kept]
-        p = probabilities(logits, self.params)
-        for i, (d, q) in enumerate(zip(drafts, dists)):
-            ratio = (p[i, d] / q[d]).item()
-            if self.sampler.uniform() >= ratio:
-                residual = mx.maximum(p[i] - q, 0.0)
-                total = residual.sum().item()
-                return i, self.sampler.draw(residual / total if total > 0 else p[i])
-        return len(drafts), self.sampler.draw(p[len(drafts)])
-
     def round(self, k: int) -> tuple[list[int], list[int], int]:
         """One draft+verify round. Returns (new tokens, drafts, drafts accepted)."""
         state, runner = self.state, self.runner
@@ -82,7 +86,7 @@ class Speculator:
         logits = runner.logits(hidden)[0]
         mx.eval(logits)
         t2 = time.perf_counter()
-        accepted, extra = self._accept(logits, drafts, dists)
+        accepted, extra = accept_drafts(logits, drafts, dists, self.sampler)
         t3 = time.perf_counter()
         kept = accepted + 1
         if capture or not runner.has_recurrent:

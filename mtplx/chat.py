@@ -1,0 +1,79 @@
+"""Rendering conversations to tokens, and finding where complete messages end in them.
+
+A message boundary is only an anchor if it is an *exact token prefix* of the final prompt:
+rendering `messages[:k]` must give tokens that the full render starts with. Qwen3-style templates
+break this in known ways (earlier reasoning dropped once a new user message arrives, consecutive
+tool results merged into one user turn), so every candidate is checked and a rejected one says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHATML_START = "<|im_start|>"
+
+
+@dataclass(frozen=True)
+class Boundary:
+    message_index: int  # boundary after messages[:message_index]
+    offset: int | None  # token offset in the full prompt, None when rejected
+    reason: str | None = None  # why it was rejected
+
+    @property
+    def valid(self) -> bool:
+        return self.offset is not None
+
+
+def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
+           add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> list[int]:
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+                                        tokenize=True, return_dict=False, **kwargs)
+    return list(ids)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def message_boundaries(tokenizer, messages: list[dict], tools: list[dict] | None, prompt: list[int],
+                       enable_thinking: bool | None = None) -> list[Boundary]:
+    """Each complete-message end, validated as an exact token prefix of `prompt`."""
+    out = []
+    for k in range(1, len(messages) + 1):
+        try:
+            partial = render(tokenizer, messages[:k], tools, add_generation_prompt=False, enable_thinking=enable_thinking)
+        except Exception as exc:  # a template may refuse a partial conversation (e.g. no user turn yet)
+            out.append(Boundary(k, None, f"template cannot render messages[:{k}]: {type(exc).__name__}"))
+            continue
+        same = common_prefix(partial, prompt)
+        if same == len(partial) and len(partial) <= len(prompt):
+            out.append(Boundary(k, len(partial)))
+        else:
+            out.append(Boundary(k, None, f"rendering messages[:{k}] differs from the prompt at token {same} of {len(partial)}"))
+    return out
+
+
+def head_end(tokenizer, prompt: list[int]) -> int | None:
+    """End of the leading system turn (system prompt + tools) found from ChatML markers, or None."""
+    vocab = tokenizer.get_vocab()
+    start, end = vocab.get(CHATML_START), vocab.get("<|im_end|>")
+    if start is None or end is None or not prompt or prompt[0] != start:
+        return None
+    system = tokenizer.encode("system", add_special_tokens=False)
+    if prompt[1 : 1 + len(system)] != system:
+        return None
+    try:
+        close = prompt.index(end)
+    except ValueError:
+        return None
+    # include the newline after <|im_end|> when the template writes one
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    after = close + 1
+    if prompt[after : after + len(newline)] == newline:
+        after += len(newline)
+    return after

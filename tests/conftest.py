@@ -1,0 +1,55 @@
+"""Shared fixtures: a temporary MTPLX_HOME for every test, and the embedded models loaded once."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def mtplx_home(tmp_path, monkeypatch):
+    home = tmp_path / "mtplx-home"
+    monkeypatch.setenv("MTPLX_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from mtplx.catalog import resolve
+
+    return AutoTokenizer.from_pretrained(str(resolve("tiny-dense")))
+
+
+def _engine(name, **config):
+    from mtplx.catalog import resolve
+    from mtplx.engine.engine import Engine, EngineConfig
+
+    return Engine(resolve(name), EngineConfig(**config), name=name).start()
+
+
+@pytest.fixture(scope="session")
+def dense_engine():
+    engine = _engine("tiny-dense", chunk_size=64)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session")
+def hybrid_engine():
+    engine = _engine("tiny-hybrid", chunk_size=64)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session", params=["tiny-dense", "tiny-hybrid"])
+def engine(request, dense_engine, hybrid_engine):
+    return dense_engine if request.param == "tiny-dense" else hybrid_engine
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # MLX streams made on this thread must be destroyed before interpreter teardown.
+    import sys
+
+    if "mlx.core" in sys.modules:
+        sys.modules["mlx.core"].clear_streams()

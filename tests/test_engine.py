@@ -1,0 +1,69 @@
+"""The engine thread's contract: event order, stops, cancellation, fairness, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtplx.engine.engine import Engine, EngineConfig
+from mtplx.engine.request import GenerationRequest
+from mtplx.engine.sampling import SamplingParams
+from mtplx.errors import RequestError
+from mtplx.events import DraftVerified, Finished, FirstToken, PrefillProgress, Queued, Restored, Tokens
+
+
+def _prompt(engine, text="Explain src/ledger/events.py"):
+    tok = engine.checkpoint.tokenizer
+    return tuple(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+
+
+def test_event_order(dense_engine):
+    events = list(dense_engine.submit(GenerationRequest(_prompt(dense_engine), SamplingParams(max_tokens=12), depth=2)))
+    kinds = [type(e) for e in events]
+    assert kinds[:2] == [Queued, Restored] and kinds[-1] is Finished
+    assert kinds.index(PrefillProgress) < kinds.index(FirstToken) < kinds.index(Tokens)
+    assert DraftVerified in kinds
+    finished = events[-1]
+    assert "".join(e.text for e in events if isinstance(e, Tokens)) == finished.text
+    assert sum(len(e.token_ids) for e in events if isinstance(e, Tokens)) == finished.completion_tokens
+    progress = [e for e in events if isinstance(e, PrefillProgress)]
+    assert progress[-1].done == progress[-1].total == len(_prompt(dense_engine))
+
+
+def test_max_tokens_gives_length(engine):
+    fin = engine.submit(GenerationRequest(_prompt(engine), SamplingParams(max_tokens=5))).result()
+    assert fin.finish_reason == "length" and fin.completion_tokens == 5
+
+
+def test_stop_string_is_not_in_the_text(dense_engine):
+    full = dense_engine.submit(GenerationRequest(_prompt(dense_engine), SamplingParams(max_tokens=40))).result().text
+    stop = full[10:14]
+    fin = dense_engine.submit(GenerationRequest(_prompt(dense_engine), SamplingParams(max_tokens=40, stop=(stop,)))).result()
+    assert fin.finish_reason == "stop" and fin.text == full[: full.index(stop)]
+
+
+def test_cancel_stops_generation(dense_engine):
+    sub = dense_engine.submit(GenerationRequest(_prompt(dense_engine), SamplingParams(max_tokens=400)))
+    for event in sub:
+        if isinstance(event, Tokens):
+            sub.cancel()
+        if isinstance(event, Finished):
+            assert event.finish_reason == "cancelled" and event.completion_tokens < 400
+
+
+def test_prompt_over_context_window_is_refused_at_submit(dense_engine):
+    with pytest.raises(RequestError, match="context window"):
+        dense_engine.submit(GenerationRequest(tuple([5] * (dense_engine.context_window + 1))))
+
+
+def test_sessions_are_served_round_robin(dense_engine):
+    idle = Engine(dense_engine.model_path, EngineConfig())
+    idle._ready.set()  # queue without a thread: only the ordering is under test
+    idle.checkpoint = dense_engine.checkpoint
+    subs = [idle.submit(GenerationRequest((1, 2), session=s)) for s in ["a", "a", "a", "b"]]
+    order = [idle._next().request.session for _ in subs]
+    assert order == ["a", "b", "a", "a"]
+
+
+def test_seeded_sampling_repeats(engine):
+    req = lambda: GenerationRequest(_prompt(engine), SamplingParams(max_tokens=20, temperature=0.9, seed=5))
+    assert engine.submit(req()).result().token_ids == engine.submit(req()).result().token_ids

@@ -1,0 +1,102 @@
+"""Engine invariants on the real tiny models: MTP changes speed, never output."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtplx.chat import render
+from mtplx.engine import cache_state
+from mtplx.engine.request import GenerationRequest
+from mtplx.engine.sampling import Sampler, SamplingParams, probabilities
+from mtplx.engine.speculation import accept_drafts
+from mtplx.synth.agent import Sizes, conversation
+from mtplx.synth.corpus import Corpus
+
+
+@pytest.fixture(scope="module")
+def agent_prompt(tokenizer):
+    convo = conversation(42, Corpus(), Sizes(10, 30), max_user_turns=1)
+    messages = convo["messages"][:4]  # system, user, assistant tool call, tool result
+    return tuple(render(tokenizer, messages, convo["tools"]))
+
+
+def _run(engine, prompt, **kw):
+    sampling = SamplingParams(max_tokens=kw.pop("max_tokens", 48), **kw.pop("sampling", {}))
+    return engine.submit(GenerationRequest(prompt, sampling, **kw)).result()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_mtp_greedy_equals_ar_greedy(engine, agent_prompt, depth):
+    ar = _run(engine, agent_prompt, use_mtp=False)
+    mtp = _run(engine, agent_prompt, use_mtp=True, depth=depth)
+    assert mtp.token_ids == ar.token_ids and mtp.text == ar.text
+    assert mtp.stats["mode"] == "mtp" and mtp.stats["verify_calls"] > 0
+
+
+def test_chunk_size_does_not_change_output(engine, agent_prompt):
+    from mtplx.engine.generation import Generation, StartPoint, events
+
+    outs = []
+    for chunk in (16, 100):
+        gen = Generation(engine.runner, GenerationRequest(agent_prompt, SamplingParams(max_tokens=16)), use_mtp=False,
+                         depth=1, chunk_size=chunk, eos_ids=engine.eos_ids, submitted_at=0.0)
+        done = None
+        finished = engine.call(lambda: list(events(gen, StartPoint(), lambda: False)))[-1]
+        outs.append(finished.token_ids)
+    assert outs[0] == outs[1]
+
+
+def _fed_cache(runner, tokens):
+    cache = runner.new_trunk_cache()
+    for start in range(0, len(tokens), 32):
+        runner.hidden(tokens[start : start + 32], cache)
+    return cache
+
+
+def _assert_same_state(a, b):
+    sa, sb = cache_state.snapshot(a), cache_state.snapshot(b)
+    for la, lb in zip(sa, sb):
+        assert la.kind == lb.kind and la.offset == lb.offset
+        for x, y in zip(la.arrays, lb.arrays):
+            assert np.array_equal(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)))
+
+
+@pytest.mark.parametrize("capture", [True, False])
+def test_rollback_equals_feeding_only_kept_tokens(engine, agent_prompt, capture):
+    """After a verify over 5 tokens keeping 2, the cache is exactly a feed of those 2."""
+    def work():
+        runner = engine.runner
+        prompt = list(agent_prompt[:90])
+        extra = list(agent_prompt[90:95])
+        cache = _fed_cache(runner, prompt)
+        if capture and runner.can_capture:
+            cache_state.set_capture(cache, True)
+            runner.hidden(extra, cache)
+            cache_state.keep_verified(cache, len(extra), 2)
+        else:
+            saved = cache_state.recurrent_copy(cache)
+            runner.hidden(extra, cache)
+            cache_state.rewind(cache, saved, len(extra))
+            runner.hidden(extra[:2], cache)
+        cold = _fed_cache(runner, prompt)
+        runner.hidden(extra[:2], cold)
+        _assert_same_state(cache, cold)
+
+    engine.call(work)
+
+
+def test_rejection_sampling_reproduces_the_target_distribution():
+    """Drafts from q, accepted by the rule, give tokens distributed exactly as p."""
+    params = SamplingParams(temperature=1.0, seed=11)
+    sampler = Sampler(params)
+    target = mx.array([[2.0, 1.0, 0.5, -1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    q = probabilities(mx.array([0.0, 2.0, 0.0, 1.0, -1.0]), params)  # a deliberately poor draft
+    p = np.array(probabilities(target[0], params))
+    trials, counts = 6000, np.zeros(5)
+    for _ in range(trials):
+        draft = sampler.draw(q)
+        kept, extra = accept_drafts(target, [draft], [q], sampler)
+        counts[draft if kept else extra] += 1
+    assert np.abs(counts / trials - p).max() < 0.03
