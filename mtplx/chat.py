@@ -77,3 +77,32 @@ def head_end(tokenizer, prompt: list[int]) -> int | None:
     if prompt[after : after + len(newline)] == newline:
         after += len(newline)
     return after
+
+
+def parse_reply(text: str) -> dict:
+    """An assistant output as the message a client sends back: reasoning, content, tool calls.
+
+    Tool calls whose JSON does not parse stay in the content (a client would show them as text)."""
+    import json
+    import re
+
+    reasoning = None
+    if "</think>" in text:
+        head, text = text.split("</think>", 1)
+        reasoning = head.split("<think>", 1)[-1].strip("\n")
+    calls, content = [], text
+    for i, found in enumerate(re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)):
+        try:
+            call = json.loads(found.group(1))
+            name, args = call["name"], call.get("arguments", {})
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+        calls.append({"id": f"call_{i}", "type": "function",
+                      "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        content = content.replace(found.group(0), "")
+    message = {"role": "assistant", "content": content.strip()}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message

@@ -106,6 +106,28 @@ def tune(
         _fail(exc)
 
 
+@app.command()
+def tui(
+    model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP),
+    depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
+    no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
+) -> None:
+    """The workbench: chat with the model and watch cached tokens, TTFT and acceptance per turn."""
+    from mtplx.launch import open_engine
+
+    try:
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp)
+    except MtplxError as exc:
+        _fail(exc)
+    from tui.app import MtplxApp
+
+    try:
+        MtplxApp(engine, model, max_tokens).run()
+    finally:
+        engine.stop()
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,15 @@
+"""Textual messages the workbench posts to itself: engine events crossing into the UI thread."""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+from mtplx.events import EngineEvent
+
+
+class EngineEventArrived(Message):
+    """One engine event, delivered on the UI thread."""
+
+    def __init__(self, event: EngineEvent) -> None:
+        super().__init__()
+        self.event = event
