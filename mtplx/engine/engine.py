@@ -68,6 +68,9 @@ class Submission:
         return last
 
 
+_IDLE = object()  # _next's answer when no request waits but idle work does
+
+
 @dataclass
 class _Call:
     fn: Callable
@@ -83,7 +86,9 @@ class _Call:
 class Engine:
     def __init__(self, model_path: Path | str, config: EngineConfig = EngineConfig(), name: str | None = None,
                  bank=None):
-        self.model_path, self.config, self.name, self.bank = Path(model_path), config, name, bank
+        """`bank`: a BankConfig to keep a session bank (built on the engine thread), or None."""
+        self.model_path, self.config, self.name = Path(model_path), config, name
+        self.bank_config, self.bank = bank, None
         self.listeners: list[Callable[[EngineEvent], None]] = []
         self._queues: OrderedDict[str, deque[Submission]] = OrderedDict()
         self._lock = threading.Condition()
@@ -157,6 +162,8 @@ class Engine:
     def _next(self) -> Submission | None:
         with self._lock:
             while not self._stopping and not self._queues:
+                if self.bank is not None and self.bank.idle:
+                    return _IDLE
                 self._lock.wait()
             if self._stopping:
                 return None
@@ -184,6 +191,10 @@ class Engine:
             self.checkpoint = load_checkpoint(self.model_path, self.name)
             self.runner = ModelRunner(self.checkpoint)
             self.eos_ids = set(self.checkpoint.tokenizer.eos_token_ids)
+            if self.bank_config is not None:
+                from mtplx.bank.bank import SessionBank
+
+                self.bank = SessionBank(self.runner, self.checkpoint.identity, self.bank_config, self.config.chunk_size)
         except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread
             self._load_error = exc
             self._ready.set()
@@ -191,6 +202,9 @@ class Engine:
             return
         self._ready.set()
         while (sub := self._next()) is not None:
+            if sub is _IDLE:  # idle work (render-ahead) runs one chunk, then requests come first
+                self.bank.idle_step()
+                continue
             if isinstance(sub, _Call):
                 sub.run()
                 continue
@@ -225,7 +239,10 @@ class Engine:
             for event in events(gen, start, sub.cancelled.is_set, checkpoints, hook):
                 self._publish(sub, event)
             if self.bank:
-                self.bank.commit(request, gen)
+                try:
+                    self.bank.commit(request, gen)
+                except Exception:  # the turn was served; a failed commit only costs a future restore
+                    log.exception("bank commit failed for %s", request.request_id)
         except RequestError as exc:
             self._publish(sub, Failed(request.request_id, str(exc), "invalid_request"))
         except Exception as exc:

@@ -34,6 +34,7 @@ class TurnState:
     mtp: object | None
     tokens: list[int]
     length: int = 0
+    mtp_pending: object | None = None  # hidden at length-1 whose MTP pair awaits the next token
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ class Generation:
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self.state: TurnState | None = None
+        self.speculator = None
+        self.stop_token: int | None = None  # the end-of-sequence token that ended the turn
+        self.last_hidden_at_end = None  # hidden at the cache's last position, after feed_tail
 
     # -- prefill ----------------------------------------------------------------------------
     def _chunk_ends(self, start: int, end: int, checkpoints: tuple[int, ...]) -> list[int]:
@@ -100,10 +104,14 @@ class Generation:
             hidden = self.runner.hidden(prompt[begin:end], state.trunk)
             if self.use_mtp and state.mtp is not None:
                 # Pair each hidden with the prompt token after it; the last prompt position
-                # pairs with the first generated token later.
+                # pairs with the first generated token later. A restore may hand over one
+                # pending hidden (position begin-1) whose pair is completed here.
                 pairs = hidden if end < len(prompt) else hidden[:, :-1]
+                first = begin + 1
+                if state.mtp_pending is not None:
+                    pairs, first, state.mtp_pending = mx.concatenate([state.mtp_pending, pairs], axis=1), begin, None
                 if pairs.shape[1]:
-                    self.runner.draft_hidden(pairs, prompt[begin + 1 : begin + 1 + pairs.shape[1]], state.mtp)
+                    self.runner.draft_hidden(pairs, prompt[first : first + pairs.shape[1]], state.mtp)
             mx.eval(hidden, [c.state for c in state.trunk if c is not None])
             state.tokens.extend(prompt[begin:end])
             state.length = end
@@ -123,7 +131,7 @@ class Generation:
         segment = self.segments.peek(tokens[0]) if tokens else "content"
         for token in tokens:
             if token in self.eos_ids:
-                self.finish_reason = "stop"
+                self.finish_reason, self.stop_token = "stop", token
                 break
             out.append(token)
             self.generated.append(token)
@@ -144,7 +152,10 @@ class Generation:
         self.stats.ttft_s = time.monotonic() - self.submitted_at
         yield FirstToken(self.request.request_id, self.stats.ttft_s)
         yield from self._emit([first])
-        speculator = Speculator(self.runner, self.sampler, self.state, self.last_hidden, first, self.stats) if self.use_mtp else None
+        speculator = None
+        if self.use_mtp:
+            speculator = Speculator(self.runner, self.sampler, self.state, self.last_hidden, first, self.stats, self.eos_ids)
+        self.speculator = speculator
         last = first
         while self.finish_reason is None:
             if cancelled():
@@ -185,6 +196,20 @@ class Generation:
         self.state.tokens.append(last)
         self.state.length += 1
         return self._pick(logits)
+
+    def feed_tail(self, tokens: list[int]) -> None:
+        """After decoding: feed tokens that were sampled but never fed (the last one, EOS), and
+        complete the MTP history, so the cache ends exactly where the turn did."""
+        hidden = self.runner.hidden(tokens, self.state.trunk)
+        self.state.tokens.extend(tokens)
+        self.state.length += len(tokens)
+        sp = self.speculator
+        if sp is not None:
+            pairs = mx.concatenate([sp.pending_hidden, hidden[:, :-1]], axis=1)
+            self.runner.draft_hidden(pairs, sp.pending_tokens + tokens[1:], self.state.mtp)
+            sp.pending_hidden, sp.pending_tokens = hidden[:, -1:], []
+        self.last_hidden_at_end = hidden[:, -1:, :]
+        mx.eval(hidden)
 
     def finish(self) -> Finished:
         tail = "" if self.stream.stopped else self.stream.flush()

@@ -24,6 +24,7 @@ class GenerationRequest:
     source: str = "api"  # "tui", "api", "replay", "cli"
     message_ends: tuple[int, ...] = ()  # token offsets where complete messages end (for the bank)
     head_end: int | None = None  # end of the system/tools head, when the prompt has one
+    chat: dict | None = None  # {"messages", "tools", "enable_thinking"} when rendered from a chat
 
     def __post_init__(self):
         if not self.prompt:

@@ -46,8 +46,10 @@ def accept_drafts(logits: mx.array, drafts: list[int], dists: list, sampler: Sam
 
 
 class Speculator:
-    def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int, stats: GenerationStats):
+    def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int,
+                 stats: GenerationStats, eos_ids: set[int] = frozenset()):
         self.runner, self.sampler, self.state, self.stats = runner, sampler, state, stats
+        self.eos_ids = eos_ids
         self.params = sampler.params
         # MTP pairs (hidden at t, token at t+1) not yet fed to the MTP cache; the last pair's
         # output starts the next draft chain.
@@ -88,6 +90,10 @@ class Speculator:
         t2 = time.perf_counter()
         accepted, extra = accept_drafts(logits, drafts, dists, self.sampler)
         t3 = time.perf_counter()
+        # Nothing after an end-of-sequence token is kept: the cache must end where the turn did.
+        eos_at = next((i for i, d in enumerate(drafts[:accepted]) if d in self.eos_ids), None)
+        if eos_at is not None:
+            accepted, extra = eos_at, drafts[eos_at]
         kept = accepted + 1
         if capture or not runner.has_recurrent:
             cache_state.keep_verified(state.trunk, len(fed), kept)

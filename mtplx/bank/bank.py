@@ -1,0 +1,193 @@
+"""The session bank (RAM tier): plan a restore, capture anchors during prefill, commit turns, and
+prepare the next turn's rendering in idle time.
+
+Only the engine thread calls this. Every step is: plan (pure, plan.py) -> carry out (entry.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor, Markers, prompt_anchors
+from mtplx.bank.entry import Entry, entry_from_state, recurrent_arrays
+from mtplx.bank.plan import (attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
+                             thin_checkpoints)
+from mtplx.bank.spans import message_spans, reuse_ceiling
+from mtplx.engine.generation import Generation, StartPoint, TurnState
+
+log = logging.getLogger("mtplx.bank")
+
+
+@dataclass(frozen=True)
+class BankConfig:
+    budget_bytes: int = 2 << 30
+    max_checkpoints: int = 8
+    min_restore: int = 32
+    grid: int = 1024
+    render_ahead: bool = True
+
+    def __post_init__(self):
+        if self.budget_bytes <= 0 or self.max_checkpoints < 2 or self.min_restore < 1 or self.grid < 16:
+            raise ValueError(f"invalid bank configuration: {self}")
+
+
+@dataclass
+class Outcome:
+    """What the bank decided for one request (for receipts and the TUI)."""
+
+    request_id: str
+    prompt_tokens: int
+    ceiling: int | None
+    achieved: int
+    source: str
+    anchor: str | None
+    cause: str | None
+
+
+class SessionBank:
+    def __init__(self, runner, identity: str, config: BankConfig = BankConfig(), chunk_size: int = 256):
+        self.runner, self.config, self.chunk_size = runner, config, chunk_size
+        self.tokenizer = runner.checkpoint.tokenizer
+        self.markers = Markers.from_tokenizer(self.tokenizer)
+        self.think_id = self.tokenizer.get_vocab().get("<think>")
+        self.base_identity = identity
+        self.entries: dict[str, Entry] = {}
+        self.evicted: deque[tuple[int, ...]] = deque(maxlen=32)
+        self.idle: deque[Iterator] = deque()
+        self.outcomes: dict[str, Outcome] = {}
+        self._captures: dict[int, list] = {}
+
+    def identity(self, use_mtp: bool) -> str:
+        return f"{self.base_identity}:{'mtp' if use_mtp else 'ar'}"
+
+    def views(self):
+        return [e.view() for e in self.entries.values()]
+
+    # -- plan + restore ---------------------------------------------------------------------
+    def plan(self, request, gen: Generation):
+        prompt = list(request.prompt)
+        anchors = prompt_anchors(prompt, self.markers, min_restore=self.config.min_restore, grid=self.config.grid)
+        identity = self.identity(gen.use_mtp)
+        t0 = time.perf_counter()
+        plan = plan_restore(prompt, anchors, self.views(), identity, need_mtp=gen.use_mtp,
+                            recurrent=self.runner.has_recurrent, min_restore=self.config.min_restore)
+        plan_ms = (time.perf_counter() - t0) * 1000
+        ceiling, cause = self._ceiling_and_cause(request, prompt, plan, identity)
+        state, source = None, "cold"
+        if plan.entry_id is not None:
+            entry = self.entries[plan.entry_id]
+            try:
+                state, source = entry.restore(plan.position, prompt[plan.position]), "ram"
+            except Exception as exc:  # a damaged entry is dropped, never served
+                log.warning("restore from %s failed (%s); computing cold", entry.entry_id, exc)
+                self.entries.pop(entry.entry_id, None)
+                state, cause = None, f"restore failed: {type(exc).__name__}"
+        self.outcomes[request.request_id] = Outcome(request.request_id, len(prompt), ceiling,
+                                                    state.length if state else 0, source, plan.anchor, cause)
+        self._captures = {}
+        self._anchors = anchors
+        self._plan_ms = plan_ms
+        start = StartPoint(state, source, plan.anchor, ceiling, cause)
+        return start, plan.captures, self._capture
+
+    def _capture(self, position: int, state: TurnState) -> None:
+        self._captures[position] = recurrent_arrays(state.trunk)
+
+    def _ceiling_and_cause(self, request, prompt, plan, identity) -> tuple[int | None, str | None]:
+        chat = request.chat
+        if not chat:
+            return None, None
+        spans = message_spans(prompt, chat["messages"], self.markers)
+        head = next((a.position for a in self._anchors_for(prompt) if a.kind == "head"), None)
+        ceiling = reuse_ceiling(spans, chat["messages"], head)
+        if plan.position >= ceiling:
+            return ceiling, None
+        views = [v for v in self.views() if v.identity == identity]
+        best = max(views, key=lambda v: common_prefix(v.tokens, prompt), default=None)
+        evicted_match = max((common_prefix(t, prompt) for t in self.evicted), default=0)
+        report = attribute_miss(prompt, spans, plan.position, ceiling, best.tokens if best else None,
+                                other_identity=any(v.identity != identity for v in self.views()),
+                                evicted_match=evicted_match, note=plan.note, think_id=self.think_id)
+        return ceiling, report.cause
+
+    def _anchors_for(self, prompt):
+        return prompt_anchors(prompt, self.markers, min_restore=self.config.min_restore, grid=self.config.grid)
+
+    # -- commit -----------------------------------------------------------------------------
+    def commit(self, request, gen: Generation) -> None:
+        """Store the turn as computed (prompt + generated tokens), then queue the render-ahead."""
+        state = gen.state
+        if state is None:
+            return
+        anchors = list(self._anchors)
+        if gen.finish_reason == "stop" and not gen.stream.stopped:
+            self._feed_to_end(gen, list(request.prompt) + gen.generated + [gen.stop_token])
+            anchors.append(Anchor(state.length, GENERATION_END))
+        last_hidden = gen.last_hidden_at_end
+        self._store(entry_from_state(state, self.identity(gen.use_mtp), self._captures, anchors, last_hidden,
+                                     request.session))
+        if self.config.render_ahead and request.chat and gen.finish_reason == "stop":
+            from mtplx.bank.render_ahead import variants
+
+            for tokens in variants(self.tokenizer, request.chat, gen.stream.text):
+                self.idle.append(self._prefill_variant(tokens, gen.use_mtp, request.session))
+
+    def _feed_to_end(self, gen: Generation, target: list[int]) -> None:
+        """Feed generated tokens the decode loop sampled but never fed (the last one, EOS)."""
+        state = gen.state
+        if state.tokens != target[: len(state.tokens)]:
+            return  # the cache went past the turn's end (a stop string): keep what was computed
+        rest = target[len(state.tokens):]
+        if rest:
+            gen.feed_tail(rest)
+
+    def _store(self, entry: Entry) -> None:
+        pinned = {a.position for a in entry.anchors if a.kind in ("head",)}
+        messages = [a.position for a in entry.anchors if a.kind == MESSAGE]
+        pinned.update(messages[-2:])
+        keep = thin_checkpoints(list(entry.checkpoints), self.config.max_checkpoints, pinned)
+        entry.checkpoints = {p: entry.checkpoints[p] for p in keep}
+        view = entry.view()
+        for old_id in superseded(view, self.views()):
+            old = self.entries.pop(old_id)
+            for p, arrays in old.checkpoints.items():  # keep what the longer entry lacked
+                entry.checkpoints.setdefault(p, arrays)
+        self.entries[entry.entry_id] = entry
+        for gone in plan_eviction(self.views(), self.config.budget_bytes, protected={entry.entry_id}):
+            self.evicted.append(self.entries.pop(gone).tokens)
+
+    # -- render-ahead (idle work) ------------------------------------------------------------
+    def _prefill_variant(self, tokens: list[int], use_mtp: bool, session: str | None) -> Iterator:
+        """Compute state for the next request's rendering, one prefill chunk per step."""
+        from mtplx.engine.request import GenerationRequest
+
+        identity = self.identity(use_mtp)
+        anchors = self._anchors_for(tokens)
+        plan = plan_restore(tokens, anchors, self.views(), identity, need_mtp=use_mtp,
+                            recurrent=self.runner.has_recurrent, min_restore=self.config.min_restore)
+        if any(e.tokens == tuple(tokens) for e in self.entries.values()):
+            return  # already held, state at its end included
+        gen = Generation(self.runner, GenerationRequest(tuple(tokens), source="render_ahead", session=session),
+                         use_mtp=use_mtp, depth=1, chunk_size=self.chunk_size, eos_ids=set(), submitted_at=time.monotonic())
+        state = self.entries[plan.entry_id].restore(plan.position, tokens[plan.position]) if plan.entry_id else None
+        captures: dict[int, list] = {}
+        hook = lambda p, st: captures.__setitem__(p, recurrent_arrays(st.trunk))
+        for _ in gen.prefill(StartPoint(state), plan.captures, hook):
+            yield
+        # The whole variant is in the trunk; its last hidden completes the MTP history on restore.
+        self._store(entry_from_state(gen.state, identity, captures, [*anchors, Anchor(len(tokens), MESSAGE)],
+                                     gen.last_hidden, session))
+
+    def idle_step(self) -> bool:
+        """Run one unit of idle work; returns whether any remains."""
+        while self.idle:
+            try:
+                next(self.idle[0])
+                return True
+            except StopIteration:
+                self.idle.popleft()
+        return False
