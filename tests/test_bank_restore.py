@@ -38,9 +38,7 @@ def _agent_turns(engine, convo, turns: int):
         req = GenerationRequest(prompt, SamplingParams(max_tokens=120), chat={"messages": list(sent), "tools": tools},
                                 session="agent")
         fin = engine.submit(req).result()
-        engine.call(lambda: None)  # let queued idle work settle before the next turn
-        while engine.bank is not None and engine.bank.idle:
-            engine.call(lambda: None)
+        engine.settle()  # an agent's tool time: the render-ahead finishes
         outcome = engine.bank.outcomes.get(req.request_id) if engine.bank else None
         out.append((fin.token_ids, fin.cached_tokens, outcome))
         sent.append(parse_reply(fin.text))

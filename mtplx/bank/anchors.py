@@ -8,15 +8,24 @@ anchors, never text or arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 HEAD, MESSAGE, PROMPT_END, GENERATION_END, GRID = "head", "message", "prompt_end", "generation_end", "grid"
 KINDS = (HEAD, MESSAGE, PROMPT_END, GENERATION_END, GRID)
 
 
-@dataclass(frozen=True)
-class Anchor:
+class Anchor(NamedTuple):  # a tuple, not a dataclass: prompts carry hundreds and planning is hot
     position: int  # tokens before the anchor
     kind: str
+
+
+def as_tokens(tokens) -> np.ndarray:
+    """Token ids as an int array (once per prompt: every scan after this runs in C)."""
+    if isinstance(tokens, np.ndarray):
+        return tokens
+    return np.fromiter(tokens, dtype=np.int64, count=len(tokens))
 
 
 @dataclass(frozen=True)
@@ -36,36 +45,32 @@ class Markers:
                    tuple(tokenizer.encode("system", add_special_tokens=False)))
 
 
-def turn_ends(prompt: list[int] | tuple[int, ...], markers: Markers) -> list[int]:
+def turn_ends(prompt, markers: Markers) -> list[int]:
     """Positions just after each `<|im_end|>` (and its newline), i.e. complete-turn ends."""
     if markers.im_end is None:
         return []
-    ends, end_id, nl, n = [], markers.im_end, markers.newline, len(prompt)
-    i = -1
-    while True:
-        try:
-            i = prompt.index(end_id, i + 1)
-        except ValueError:
-            return ends
-        after = i + 1
-        if after < n and prompt[after] == nl:
-            after += 1
-        ends.append(after)
+    arr = as_tokens(prompt)
+    ends = np.flatnonzero(arr == markers.im_end) + 1
+    if markers.newline is not None and ends.size:
+        inside = ends < len(arr)
+        ends[inside] += arr[ends[inside]] == markers.newline
+    return ends.tolist()
 
 
 def head_end(prompt, markers: Markers, ends: list[int]) -> int | None:
     """End of the leading system turn, when the prompt opens with one."""
-    if markers.im_start is None or not prompt or prompt[0] != markers.im_start or not ends:
+    if markers.im_start is None or len(prompt) == 0 or prompt[0] != markers.im_start or not ends:
         return None
-    if tuple(prompt[1 : 1 + len(markers.system)]) != markers.system:
+    if tuple(int(t) for t in prompt[1 : 1 + len(markers.system)]) != markers.system:
         return None
     return ends[0]
 
 
 def prompt_anchors(prompt, markers: Markers, *, min_restore: int = 32, grid: int = 1024) -> list[Anchor]:
     """Every anchor of a prompt, sorted by position (one kind per position, the most specific)."""
-    ends = turn_ends(prompt, markers)
-    head = head_end(prompt, markers, ends)
+    arr = as_tokens(prompt)
+    ends = turn_ends(arr, markers)
+    head = head_end(arr, markers, ends)
     found: dict[int, str] = {p: GRID for p in range(grid, len(prompt), grid)}
     found.update({p: MESSAGE for p in ends if p <= len(prompt)})
     if head is not None and head >= min_restore:

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
-from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor, Markers, prompt_anchors
+from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor, Markers, as_tokens, prompt_anchors
 from mtplx.bank.entry import Entry, entry_from_state, recurrent_arrays
 from mtplx.bank.plan import (attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
                              thin_checkpoints)
@@ -46,6 +46,7 @@ class Outcome:
     source: str
     anchor: str | None
     cause: str | None
+    plan_ms: float = 0.0
 
 
 class SessionBank:
@@ -70,10 +71,11 @@ class SessionBank:
     # -- plan + restore ---------------------------------------------------------------------
     def plan(self, request, gen: Generation):
         prompt = list(request.prompt)
-        anchors = prompt_anchors(prompt, self.markers, min_restore=self.config.min_restore, grid=self.config.grid)
-        identity = self.identity(gen.use_mtp)
         t0 = time.perf_counter()
-        plan = plan_restore(prompt, anchors, self.views(), identity, need_mtp=gen.use_mtp,
+        tokens = as_tokens(prompt)  # converted once; anchors and planner scan it in C
+        anchors = prompt_anchors(tokens, self.markers, min_restore=self.config.min_restore, grid=self.config.grid)
+        identity = self.identity(gen.use_mtp)
+        plan = plan_restore(tokens, anchors, self.views(), identity, need_mtp=gen.use_mtp,
                             recurrent=self.runner.has_recurrent, min_restore=self.config.min_restore)
         plan_ms = (time.perf_counter() - t0) * 1000
         ceiling, cause = self._ceiling_and_cause(request, prompt, plan, identity)
@@ -87,10 +89,9 @@ class SessionBank:
                 self.entries.pop(entry.entry_id, None)
                 state, cause = None, f"restore failed: {type(exc).__name__}"
         self.outcomes[request.request_id] = Outcome(request.request_id, len(prompt), ceiling,
-                                                    state.length if state else 0, source, plan.anchor, cause)
+                                                    state.length if state else 0, source, plan.anchor, cause, plan_ms)
         self._captures = {}
         self._anchors = anchors
-        self._plan_ms = plan_ms
         start = StartPoint(state, source, plan.anchor, ceiling, cause)
         return start, plan.captures, self._capture
 
@@ -130,7 +131,10 @@ class SessionBank:
         last_hidden = gen.last_hidden_at_end
         self._store(entry_from_state(state, self.identity(gen.use_mtp), self._captures, anchors, last_hidden,
                                      request.session))
-        if self.config.render_ahead and request.chat and gen.finish_reason == "stop":
+        # A reply cut by max_tokens still goes back into the client's history, so it is rendered
+        # ahead too; a cancelled one, or one ended by a stop string, is not sent back as it is.
+        if self.config.render_ahead and request.chat and (gen.finish_reason == "length" or
+                                                         (gen.finish_reason == "stop" and not gen.stream.stopped)):
             from mtplx.bank.render_ahead import variants
 
             for tokens in variants(self.tokenizer, request.chat, gen.stream.text):

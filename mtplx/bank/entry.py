@@ -34,6 +34,12 @@ class Entry:
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     hits: int = 0
+    token_array: object = None  # the tokens as an int array, made once for the planner
+
+    def __post_init__(self):
+        from mtplx.bank.anchors import as_tokens
+
+        self.token_array = as_tokens(self.tokens)
 
     @property
     def recurrent(self) -> bool:
@@ -52,7 +58,8 @@ class Entry:
     def view(self) -> EntryView:
         restorable = tuple(sorted({*self.checkpoints, len(self.tokens)})) if self.recurrent else None
         return EntryView(self.entry_id, self.tokens, self.identity, restorable, self.mtp_len,
-                         self.last_hidden is not None, self.session, self.last_used, self.nbytes, tuple(self.anchors))
+                         self.last_hidden is not None, self.session, self.last_used, self.nbytes, tuple(self.anchors),
+                         self.token_array)
 
     def restore(self, position: int, next_token: int | None) -> TurnState:
         """Fresh caches holding this entry's state at `position` (a point the planner chose)."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtplx.bank.anchors import Anchor, GRID, HEAD, MESSAGE, PROMPT_END
+import numpy as np
+
+from mtplx.bank.anchors import Anchor, GRID, HEAD, MESSAGE, PROMPT_END, as_tokens
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,11 @@ class EntryView:
     last_used: float = 0.0
     nbytes: int = 0
     anchors: tuple[Anchor, ...] = ()
+    token_array: np.ndarray | None = field(default=None, compare=False, repr=False)  # tokens, prepared once
+
+    @property
+    def array(self) -> np.ndarray:
+        return self.token_array if self.token_array is not None else as_tokens(self.tokens)
 
     def anchor_at(self, position: int) -> str | None:
         for a in self.anchors:
@@ -48,18 +55,11 @@ class RestorePlan:
 
 
 def common_prefix(a, b) -> int:
-    """Length of the shared prefix of two int sequences (binary search over C-level slices)."""
-    a, b = tuple(a), tuple(b)
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while lo < hi:  # invariant: a[:lo] == b[:lo], a[:hi+1] != b[:hi+1]
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """Length of the shared prefix of two token sequences (vectorised)."""
+    x, y = as_tokens(a), as_tokens(b)
+    n = min(len(x), len(y))
+    diff = np.flatnonzero(x[:n] != y[:n])
+    return int(diff[0]) if diff.size else n
 
 
 def _best_point(entry: EntryView, match: int, limit: int, need_mtp: bool) -> int:
@@ -86,13 +86,13 @@ def _best_point(entry: EntryView, match: int, limit: int, need_mtp: bool) -> int
 def plan_restore(prompt, anchors: list[Anchor], entries: list[EntryView], identity: str, *,
                  need_mtp: bool, recurrent: bool, min_restore: int = 32) -> RestorePlan:
     """Pick the entry and point to restore from, and the states this prefill must capture."""
-    prompt = tuple(prompt)
+    prompt = as_tokens(prompt)
     best: tuple[int, float, EntryView | None] = (0, 0.0, None)
     best_match = 0
     for entry in entries:
         if entry.identity != identity:
             continue
-        match = common_prefix(entry.tokens, prompt)
+        match = common_prefix(entry.array, prompt)
         best_match = max(best_match, match)
         point = _best_point(entry, match, min(match, len(prompt) - 1), need_mtp)
         if point >= min_restore and (point, entry.last_used) > best[:2]:
@@ -180,6 +180,7 @@ def attribute_miss(prompt, spans: list[MessageSpan], achieved: int, ceiling: int
             else ("evicted" if evicted_match >= ceiling else "no entry")
         return report
     match = common_prefix(best_entry_tokens, prompt)
+    best_entry_tokens = tuple(best_entry_tokens)
     if match < ceiling:
         if evicted_match > match:
             report.cause = f"evicted (an entry matching {evicted_match} tokens was dropped for the budget)"

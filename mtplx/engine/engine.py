@@ -159,6 +159,12 @@ class Engine:
             raise value
         return value
 
+    def settle(self) -> None:
+        """Return once idle work (the bank's render-ahead) has run out, as it does when an agent
+        spends a moment on its tools between requests."""
+        while self.bank is not None and self.call(lambda: bool(self.bank.idle)):
+            pass
+
     def _next(self) -> Submission | None:
         with self._lock:
             while not self._stopping and not self._queues:
