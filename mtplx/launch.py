@@ -18,6 +18,10 @@ def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int =
     return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2))
 
 
-def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank=None) -> Engine:
+def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank: bool = True) -> Engine:
+    """A started engine; with a session bank (budget auto-sized from free memory) unless bank=False."""
+    from mtplx.bank.bank import BankConfig
+
     path = resolve(model)
-    return Engine(path, engine_config(path, depth, no_mtp), name=model if "/" not in model else None, bank=bank).start()
+    return Engine(path, engine_config(path, depth, no_mtp), name=model if "/" not in model else None,
+                  bank=BankConfig() if bank else None).start()

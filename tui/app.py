@@ -15,7 +15,9 @@ from textual.widgets import Footer, Header, Input, Static
 
 from mtplx.events import Failed, Finished, FirstToken, PrefillProgress, Restored, Tokens
 from tui.messages import EngineEventArrived
+from tui.messages import BankChanged
 from tui.widgets.acceptance import AcceptancePanel
+from tui.widgets.bank import BankTable
 from tui.widgets.chat import ChatView
 from tui.widgets.turns import TurnTable
 
@@ -41,6 +43,7 @@ class MtplxApp(App):
                 yield Input(placeholder="Message the model (Enter to send)", id="prompt")
             with Vertical(id="right"):
                 yield TurnTable(id="turns")
+                yield BankTable(id="bank")
                 yield AcceptancePanel(id="acceptance")
         yield Static("idle", id="status")
         yield Footer()
@@ -68,9 +71,15 @@ class MtplxApp(App):
         from mtplx.engine.sampling import SamplingParams
 
         prompt = render(self.engine.checkpoint.tokenizer, messages)
-        request = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=self.max_tokens), session="tui", source="tui")
+        request = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=self.max_tokens), session="tui",
+                                    source="tui", chat={"messages": messages, "tools": None})
         for event in self.engine.submit(request):
             self.post_message(EngineEventArrived(event))
+        if self.engine.bank is not None:
+            self.post_message(BankChanged(self.engine.call(self.engine.bank.summary)))
+
+    def on_bank_changed(self, message: BankChanged) -> None:
+        self.query_one(BankTable).show(message.entries)
 
     def action_clear(self) -> None:
         self.messages = self.messages[:1]
@@ -85,7 +94,11 @@ class MtplxApp(App):
     def on_engine_event_arrived(self, message: EngineEventArrived) -> None:
         event, status = message.event, self.query_one("#status", Static)
         if isinstance(event, Restored):
-            status.update(f"prompt {event.prompt_tokens} tokens, {event.cached_tokens} restored ({event.source})")
+            self.query_one(TurnTable).note_restore(event)
+            ceiling = f" of ceiling {event.ceiling}" if event.ceiling is not None else ""
+            why = f" — {event.shortfall}" if event.shortfall else ""
+            status.update(f"prompt {event.prompt_tokens} tokens, {event.cached_tokens} restored{ceiling} "
+                          f"({event.source}{', ' + event.anchor if event.anchor else ''}){why}")
         elif isinstance(event, PrefillProgress):
             status.update(f"prefill {event.done}/{event.total}")
         elif isinstance(event, FirstToken):

@@ -13,3 +13,11 @@ class EngineEventArrived(Message):
     def __init__(self, event: EngineEvent) -> None:
         super().__init__()
         self.event = event
+
+
+class BankChanged(Message):
+    """A fresh summary of the session bank's entries (read on the engine thread)."""
+
+    def __init__(self, entries: list[dict]) -> None:
+        super().__init__()
+        self.entries = entries

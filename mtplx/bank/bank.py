@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor, Markers, as_tokens, prompt_anchors
@@ -22,9 +22,20 @@ from mtplx.engine.generation import Generation, StartPoint, TurnState
 log = logging.getLogger("mtplx.bank")
 
 
+def default_budget() -> int:
+    """A quarter of the memory free now (at least 256 MiB); 2 GiB where that cannot be read."""
+    import os
+
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2 << 30
+    return max(256 << 20, free // 4)
+
+
 @dataclass(frozen=True)
 class BankConfig:
-    budget_bytes: int = 2 << 30
+    budget_bytes: int = field(default_factory=default_budget)
     max_checkpoints: int = 8
     min_restore: int = 32
     grid: int = 1024
@@ -67,6 +78,13 @@ class SessionBank:
 
     def views(self):
         return [e.view() for e in self.entries.values()]
+
+    def summary(self) -> list[dict]:
+        """Plain data about every entry (for the TUI and the API; call on the engine thread)."""
+        return [{"id": e.entry_id, "session": e.session, "tokens": len(e.tokens), "bytes": e.nbytes, "hits": e.hits,
+                 "checkpoints": sorted(e.checkpoints), "anchors": [(a.position, a.kind) for a in e.anchors],
+                 "mtp": e.mtp is not None, "age_s": time.time() - e.created}
+                for e in sorted(self.entries.values(), key=lambda e: -e.last_used)]
 
     # -- plan + restore ---------------------------------------------------------------------
     def plan(self, request, gen: Generation):

@@ -21,9 +21,9 @@ def variants(tokenizer, chat: dict, reply_text: str) -> list[list[int]]:
     start_id = tokenizer.get_vocab().get("<|im_start|>")
     if start_id is None:
         return []
-    follows = ["user"] + (["tool"] if reply.get("tool_calls") else [])
     out: list[list[int]] = []
-    for role in follows:
+    # Both follow-ups: clients send tool results even after replies no parser recognised as a call.
+    for role in ("tool", "user") if reply.get("tool_calls") else ("user", "tool"):
         a = render(tokenizer, base + [{"role": role, "content": _PROBE_A}], tools, add_generation_prompt=False,
                    enable_thinking=thinking)
         b = render(tokenizer, base + [{"role": role, "content": _PROBE_B}], tools, add_generation_prompt=False,
