@@ -128,6 +128,32 @@ def tui(
         engine.stop()
 
 
+@app.command()
+def serve(
+    model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MTPLX_API_KEY", help="Required unless bound to loopback."),
+    depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
+    no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
+) -> None:
+    """Serve the OpenAI + Anthropic compatible API (headless)."""
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        _fail(MtplxError(f"binding to {host} exposes the model beyond this machine: pass --api-key"))
+    from mtplx.launch import open_engine
+    from mtplx.server.app import create_app, serve_forever
+
+    try:
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp)
+    except MtplxError as exc:
+        _fail(exc)
+    typer.echo(f"mtplx serving {model} on http://{host}:{port}/v1", err=True)
+    try:
+        serve_forever(create_app(engine, model, api_key), host, port)
+    finally:
+        engine.stop()
+
+
 def main() -> None:
     app()
 

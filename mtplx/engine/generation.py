@@ -65,7 +65,7 @@ class Generation:
         self.use_mtp = use_mtp and runner.mtp is not None and self.params.repetition_penalty == 1.0
         self.depth = depth
         self.chunk_size = chunk_size
-        self.eos_ids = eos_ids
+        self.eos_ids = set() if request.sampling.ignore_eos else eos_ids
         self.submitted_at = submitted_at
         self.sampler = Sampler(self.params)
         tokenizer = runner.checkpoint.tokenizer
@@ -135,7 +135,7 @@ class Generation:
                 break
             out.append(token)
             self.generated.append(token)
-            self.segments.segment_of(token)
+            self.stats.tokens_by_segment[self.segments.segment_of(token)] += 1
             text += self.stream.add(token)
             if self.stream.stopped:
                 self.finish_reason = "stop"

@@ -25,6 +25,7 @@ class SamplingParams:
     max_tokens: int = 512
     stop: tuple[str, ...] = field(default_factory=tuple)
     repetition_penalty: float = 1.0  # 1.0 = off
+    ignore_eos: bool = False  # generate max_tokens whatever the model says (fixed-length benchmarks)
 
     def __post_init__(self):
         checks = [
@@ -36,6 +37,7 @@ class SamplingParams:
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer >= 1"),
             (isinstance(self.repetition_penalty, (int, float)) and 0 < self.repetition_penalty <= 10, "repetition_penalty", "in (0, 10]"),
             (all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16, "stop", "up to 16 non-empty strings"),
+            (isinstance(self.ignore_eos, bool), "ignore_eos", "a boolean"),
         ]
         for ok, name, rule in checks:
             if not ok:

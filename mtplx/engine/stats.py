@@ -19,6 +19,7 @@ class GenerationStats:
     accepted_by_depth: list[int] = field(default_factory=list)
     drafted_by_segment: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
     accepted_by_segment: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
+    tokens_by_segment: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0

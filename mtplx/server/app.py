@@ -1,0 +1,229 @@
+"""The HTTP surface: OpenAI + Anthropic compatible routes over one engine. Handlers only route;
+mapping lives in openai_request/openai_response/anthropic_map, generation in the engine.
+
+FastAPI/Starlette: routing, SSE streaming and disconnect handling are what it does well; bodies
+are parsed by hand so every invalid one becomes our own 400 (never a 422).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from mtplx.engine.sampling import SamplingParams
+from mtplx.events import Failed, Finished, Tokens
+from mtplx.server import anthropic_map, openai_response
+from mtplx.server.api_error import ApiError, bad_request
+from mtplx.server.encode_cache import EncodeCache
+from mtplx.server.metrics import Metrics
+from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from
+from mtplx.server.turns import encode, events, session_from, starts_in_reasoning, submit
+
+log = logging.getLogger("mtplx.server")
+DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
+
+
+def _sse(data) -> bytes:
+    return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n".encode()
+
+
+def _event_sse(name: str, data: dict) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def create_app(engine, model_name: str, api_key: str | None = None, defaults: SamplingParams = DEFAULTS) -> FastAPI:
+    app = FastAPI(title="mtplx", docs_url=None, redoc_url=None, openapi_url=None)
+    tokenizer = engine.checkpoint.tokenizer
+    cache = EncodeCache(engine.checkpoint.identity, tokenizer.chat_template or "")
+    metrics = Metrics()
+    engine.listeners.append(metrics.observe)
+    subscribers: set[asyncio.Queue] = set()
+    app.state.metrics, app.state.encode_cache = metrics, cache
+
+    def limit() -> int:
+        return engine.context_window
+
+    # -- errors -----------------------------------------------------------------------------
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        kind = {404: "not_found_error", 405: "invalid_request_error", 401: "authentication_error"}.get(exc.status_code, "invalid_request_error")
+        message = {404: f"no route {request.url.path}", 405: f"method {request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return JSONResponse(ApiError(exc.status_code, message, None, kind).body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        return JSONResponse(bad_request("invalid request").body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        rid = "req_" + uuid.uuid4().hex[:12]
+        log.exception("internal error %s on %s", rid, request.url.path)
+        detail = f": {type(exc).__name__}: {exc}" if os.environ.get("MTPLX_DEBUG_ERRORS") == "1" else ""
+        return JSONResponse(ApiError(500, f"internal server error (request id {rid}){detail}", None, "server_error", rid).body(),
+                            status_code=500)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if api_key and request.url.path not in ("/health",):
+            auth = request.headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+            if given != api_key:
+                return JSONResponse(ApiError(401, "missing or wrong API key", None, "authentication_error").body(), status_code=401)
+        response = await call_next(request)
+        metrics.request(request.url.path, response.status_code)
+        return response
+
+    async def body_of(request: Request) -> dict:
+        return parse_json(await request.body())
+
+    # -- plain routes -----------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "busy": engine.busy is not None}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mtplx"}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/mtplx/events")
+    async def engine_events(request: Request):
+        queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
+        loop = asyncio.get_running_loop()
+
+        def push(event):
+            loop.call_soon_threadsafe(lambda: queue.full() or queue.put_nowait(event))
+
+        engine.listeners.append(push)
+
+        async def stream():
+            try:
+                yield b": connected\n\n"
+                while True:
+                    event = await queue.get()
+                    yield _event_sse(type(event).__name__, dataclasses.asdict(event))
+            finally:
+                engine.listeners.remove(push)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    # -- OpenAI -----------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        call = parse_chat(await body_of(request), defaults, limit())
+        prompt = encode(engine, cache, call)
+        sub = submit(engine, call, prompt, "api", session_from(request.headers))
+        reasoning = starts_in_reasoning(tokenizer, prompt)
+        if not call.stream:
+            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, reasoning), request)
+        chunks = openai_response.ChatStream(model_name, reasoning)
+
+        async def stream():
+            yield _sse(chunks.first())
+            async for event in events(sub):
+                if isinstance(event, Tokens):
+                    for c in chunks.text(event.text):
+                        yield _sse(c)
+                elif isinstance(event, Finished):
+                    for c in chunks.finish(event, call.include_usage):
+                        yield _sse(c)
+                elif isinstance(event, Failed):
+                    yield _sse(_failure(event).body())
+            yield _sse("[DONE]")
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await body_of(request)
+        prompt_text = body.get("prompt")
+        if not isinstance(prompt_text, str) or not prompt_text:
+            raise bad_request("prompt must be a non-empty string", "prompt")
+        if body.get("stream"):
+            raise bad_request("streaming is not supported on /v1/completions; use /v1/chat/completions", "stream")
+        call = ChatCall([], None, sampling_from(body, defaults, limit()))
+        sub = submit(engine, call, tokenizer.encode(prompt_text), "api", session_from(request.headers))
+        return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request)
+
+    # -- Anthropic --------------------------------------------------------------------------
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        call = anthropic_map.parse_messages_call(await body_of(request), defaults, limit())
+        prompt = encode(engine, cache, call)
+        sub = submit(engine, call, prompt, "api", session_from(request.headers))
+        reasoning = starts_in_reasoning(tokenizer, prompt)
+        if not call.stream:
+            return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, reasoning), request)
+        frames = anthropic_map.MessageStream(model_name, reasoning, len(prompt))
+
+        async def stream():
+            for name, data in frames.start():
+                yield _event_sse(name, data)
+            async for event in events(sub):
+                if isinstance(event, Tokens):
+                    for name, data in frames.text(event.text):
+                        yield _event_sse(name, data)
+                elif isinstance(event, Finished):
+                    for name, data in frames.finish(event):
+                        yield _event_sse(name, data)
+                elif isinstance(event, Failed):
+                    yield _event_sse("error", {"type": "error", "error": {"type": "api_error", "message": _failure(event).message}})
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        call = anthropic_map.parse_messages_call(await body_of(request), defaults, limit(), require_max_tokens=False)
+        return {"input_tokens": len(encode(engine, cache, call))}
+
+    return app
+
+
+def _failure(event: Failed) -> ApiError:
+    if event.kind == "invalid_request":
+        return bad_request(event.message)
+    return ApiError(500, event.message, None, "server_error")
+
+
+async def _whole(sub, build, request: Request):
+    """Run a non-streamed turn to the end; a client that goes away cancels it."""
+
+    async def watch():
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.05)
+        sub.cancel()
+
+    watcher = asyncio.create_task(watch())
+    fin = None
+    try:
+        async for event in events(sub):
+            if isinstance(event, Finished):
+                fin = event
+            elif isinstance(event, Failed):
+                raise _failure(event)
+    finally:
+        watcher.cancel()
+    return JSONResponse(build(fin))
+
+
+def serve_forever(app: FastAPI, host: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+

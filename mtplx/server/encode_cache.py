@@ -1,0 +1,48 @@
+"""Memoised chat rendering + tokenisation (the per-request tax of long agent transcripts).
+
+Keyed by content: a hash of the request body fields that shape the prompt, the tokenizer's
+identity and the template's own hash (plus today's date when the template can print one). Hits
+hand out copies. `MTPLX_ENCODE_CACHE=off` disables it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from collections import OrderedDict
+
+
+class EncodeCache:
+    def __init__(self, identity: str, template: str, capacity: int = 128):
+        self.capacity = capacity
+        self.enabled = os.environ.get("MTPLX_ENCODE_CACHE", "on").lower() not in ("off", "0", "false")
+        self.salt = hashlib.sha256((identity + "\0" + template).encode()).hexdigest()
+        self.dated = "strftime_now" in template or "date_string" in template
+        self.entries: OrderedDict[str, tuple[list[int], dict]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def key(self, shaping: dict) -> str:
+        digest = hashlib.sha256(self.salt.encode())
+        digest.update(json.dumps(shaping, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+        if self.dated:
+            digest.update(datetime.date.today().isoformat().encode())
+        return digest.hexdigest()
+
+    def get(self, key: str) -> tuple[list[int], dict] | None:
+        if not self.enabled or key not in self.entries:
+            self.misses += 1
+            return None
+        self.entries.move_to_end(key)
+        self.hits += 1
+        tokens, extra = self.entries[key]
+        return list(tokens), dict(extra)
+
+    def put(self, key: str, tokens: list[int], extra: dict) -> None:
+        if not self.enabled:
+            return
+        self.entries[key] = (list(tokens), dict(extra))
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)

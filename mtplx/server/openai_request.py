@@ -1,0 +1,189 @@
+"""OpenAI request bodies -> validated chat calls. Pure functions; every problem is a 400 that
+names the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from mtplx.engine.sampling import SamplingParams
+from mtplx.errors import RequestError
+from mtplx.server.api_error import ApiError, bad_request
+
+MAX_BODY = 16 << 20
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+# Fields that change what the model must do; accepting them silently would be a lie.
+UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "response_format": "response_format",
+               "logit_bias": "logit_bias", "functions": "functions (use tools)", "audio": "audio"}
+
+
+@dataclass
+class ChatCall:
+    messages: list[dict]
+    tools: list[dict] | None
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    enable_thinking: bool | None = None
+    session: str | None = None
+    shaping: dict = field(default_factory=dict)  # what the prompt depends on (encode-cache key)
+
+
+def _reject_constant(name: str):
+    raise bad_request(f"invalid number {name} in JSON body")
+
+
+def parse_json(raw: bytes) -> dict:
+    if len(raw) > MAX_BODY:
+        raise ApiError(413, f"request body is {len(raw)} bytes; the limit is {MAX_BODY}", code="body_too_large")
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise bad_request("request body is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _check_text(value: str, param: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"{param} contains a lone surrogate (not valid Unicode text)", param) from None
+    return value
+
+
+def message_text(content, param: str) -> str:
+    """String content or a list of text parts, as one string."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return _check_text(content, param)
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"{param}[{i}] must be a text part ({{'type': 'text', 'text': ...}})", f"{param}[{i}]")
+            parts.append(_check_text(part["text"], f"{param}[{i}].text"))
+        return "".join(parts)
+    raise bad_request(f"{param} must be a string or a list of text parts", param)
+
+
+def parse_messages(raw) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{p} must be an object", p)
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{p}.role must be one of {sorted(ROLES)}, got {role!r}", f"{p}.role")
+        msg = {"role": "system" if role == "developer" else role, "content": message_text(m.get("content"), f"{p}.content")}
+        if role == "assistant":
+            if isinstance(m.get("reasoning_content"), str):
+                msg["reasoning_content"] = _check_text(m["reasoning_content"], f"{p}.reasoning_content")
+            if m.get("tool_calls") is not None:
+                msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{p}.tool_calls")
+        if role == "tool" and m.get("tool_call_id") is not None:
+            if not isinstance(m["tool_call_id"], str):
+                raise bad_request(f"{p}.tool_call_id must be a string", f"{p}.tool_call_id")
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    return out
+
+
+def _tool_calls(raw, p: str) -> list[dict]:
+    if not isinstance(raw, list):
+        raise bad_request(f"{p} must be a list", p)
+    calls = []
+    for j, call in enumerate(raw):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{p}[{j}].function.name must be a string", f"{p}[{j}].function.name")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, (str, dict)):
+            raise bad_request(f"{p}[{j}].function.arguments must be a JSON string", f"{p}[{j}].function.arguments")
+        calls.append({"id": call.get("id") or f"call_{j}", "type": "function",
+                      "function": {"name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return calls
+
+
+def parse_tools(raw, tool_choice) -> list[dict] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise bad_request("tools must be a list", "tools")
+    for i, tool in enumerate(raw):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
+    if tool_choice in (None, "auto"):
+        return raw or None
+    if tool_choice == "none":
+        return None
+    raise bad_request(f"tool_choice {tool_choice!r} is not supported (use 'auto' or 'none')", "tool_choice")
+
+
+def _number(body: dict, name: str, kind=float, default=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise bad_request(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_request(f"{name} must be finite", name)
+    return value
+
+
+def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> SamplingParams:
+    for key, what in UNSUPPORTED.items():
+        if body.get(key) not in (None, False, {}, {"type": "text"}):
+            raise bad_request(f"{what} is not supported by this server", key)
+    for key in ("frequency_penalty", "presence_penalty"):
+        if _number(body, key, default=0) not in (0, 0.0):
+            raise bad_request(f"{key} is not supported (use repetition_penalty)", key)
+    if _number(body, "n", int, 1) != 1:
+        raise bad_request("n must be 1", "n")
+    max_tokens = _number(body, "max_completion_tokens", int) or _number(body, "max_tokens", int) or defaults.max_tokens
+    if max_tokens < 1 or max_tokens > max_tokens_limit:
+        raise bad_request(f"max_tokens must be between 1 and {max_tokens_limit}, got {max_tokens}", "max_tokens")
+    stop = body.get("stop")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else () if stop is None else None
+    if stop is None or not all(isinstance(s, str) for s in stop):
+        raise bad_request("stop must be a string or a list of strings", "stop")
+    try:
+        return SamplingParams(
+            temperature=_number(body, "temperature", default=defaults.temperature),
+            top_p=_number(body, "top_p", default=defaults.top_p),
+            top_k=_number(body, "top_k", int, defaults.top_k),
+            min_p=_number(body, "min_p", default=defaults.min_p),
+            seed=_number(body, "seed", int),
+            max_tokens=max_tokens,
+            stop=stop,
+            repetition_penalty=_number(body, "repetition_penalty", default=1.0),
+            ignore_eos=body.get("ignore_eos", False),
+        )
+    except RequestError as exc:
+        raise bad_request(str(exc), str(exc).split(" ")[0]) from None
+
+
+def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> ChatCall:
+    messages = parse_messages(body.get("messages"))
+    tools = parse_tools(body.get("tools"), body.get("tool_choice"))
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("stream must be a boolean", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_request("stream_options must be an object", "stream_options")
+    thinking = body.get("enable_thinking", (body.get("chat_template_kwargs") or {}).get("enable_thinking"))
+    if thinking is not None and not isinstance(thinking, bool):
+        raise bad_request("enable_thinking must be a boolean", "enable_thinking")
+    return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
+                    bool(options.get("include_usage")), thinking, None,
+                    {"messages": messages, "tools": tools, "enable_thinking": thinking})

@@ -1,0 +1,89 @@
+"""Engine events -> OpenAI chat completion objects and stream chunks. Pure mapping."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from mtplx.events import Finished
+from mtplx.server.reply_stream import Piece, ReplyStream
+
+
+def usage(fin: Finished) -> dict:
+    reasoning = fin.stats.get("tokens_by_segment", {}).get("reasoning", 0)
+    return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
+            "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+
+def finish_reason(fin: Finished, tool_calls: int) -> str:
+    if tool_calls and fin.finish_reason == "stop":
+        return "tool_calls"
+    return "length" if fin.finish_reason == "length" else "stop"
+
+
+class ChatStream:
+    """Builds chunks for one streamed chat completion."""
+
+    def __init__(self, model: str, in_reasoning: bool):
+        self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = model
+        self.reply = ReplyStream(in_reasoning)
+        self.calls = 0
+
+    def _chunk(self, delta: dict, finish: str | None = None) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    def first(self) -> dict:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def text(self, text: str, final: bool = False) -> list[dict]:
+        return [c for p in self.reply.feed(text, final) for c in self._piece(p)]
+
+    def _piece(self, piece: Piece) -> list[dict]:
+        if piece.kind == "reasoning":
+            return [self._chunk({"reasoning_content": piece.text})]
+        if piece.kind == "content":
+            return [self._chunk({"content": piece.text})]
+        index, self.calls = self.calls, self.calls + 1
+        head = {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": piece.name, "arguments": ""}}
+        return [self._chunk({"tool_calls": [head]}),
+                self._chunk({"tool_calls": [{"index": index, "function": {"arguments": piece.arguments}}]})]
+
+    def finish(self, fin: Finished, include_usage: bool) -> list[dict]:
+        out = self.text("", final=True)
+        out.append(self._chunk({}, finish_reason(fin, self.calls)))
+        if include_usage:
+            out.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                        "choices": [], "usage": usage(fin)})
+        return out
+
+
+def completion(model: str, fin: Finished, in_reasoning: bool) -> dict:
+    """A whole (non-streamed) chat completion."""
+    reply = ReplyStream(in_reasoning)
+    pieces = reply.feed(fin.text, final=True)
+    content = "".join(p.text for p in pieces if p.kind == "content")
+    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+              "function": {"name": p.name, "arguments": p.arguments}} for p in pieces if p.kind == "tool_call"]
+    message = {"role": "assistant", "content": content if content or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "message": message, "logprobs": None,
+                                         "finish_reason": finish_reason(fin, len(calls))}],
+            "usage": usage(fin)}
+
+
+def text_completion(model: str, fin: Finished) -> dict:
+    return {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "text": fin.text, "logprobs": None,
+                                         "finish_reason": "length" if fin.finish_reason == "length" else "stop"}],
+            "usage": usage(fin)}

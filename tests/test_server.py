@@ -1,0 +1,196 @@
+"""The in-process server, driven by the real OpenAI and Anthropic SDKs and by raw bad input."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from mtplx.bank.bank import BankConfig
+from mtplx.catalog import resolve
+from mtplx.engine.engine import Engine, EngineConfig
+from mtplx.server.app import create_app
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                          "required": ["path"]}}}]
+SYSTEM = "You are a careful coding agent working inside a software repository."
+
+
+@pytest.fixture(scope="module")
+def server():
+    import uvicorn
+
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    srv = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny-dense"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", engine
+    srv.should_exit = True
+    thread.join(10)
+    engine.stop()
+
+
+@pytest.fixture
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
+
+
+def ask(text="Explain what src/ledger/events.py does"):
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny-dense"]
+    assert httpx.get(server[0] + "/health").json()["status"] == "ok"
+
+
+def test_chat_non_stream_with_usage(client):
+    r = client.chat.completions.create(model="tiny-dense", messages=ask(), tools=TOOLS, max_tokens=60, temperature=0)
+    u = r.usage
+    assert u.prompt_tokens > 0 and u.completion_tokens > 0 and u.total_tokens == u.prompt_tokens + u.completion_tokens
+    assert u.prompt_tokens_details.cached_tokens >= 0 and u.completion_tokens_details.reasoning_tokens >= 0
+    msg = r.choices[0].message
+    assert msg.content or msg.tool_calls
+    assert "<think>" not in (msg.content or "")
+
+
+def test_stream_matches_non_stream_and_usage_only_when_asked(client):
+    kw = dict(model="tiny-dense", messages=ask(), tools=TOOLS, max_tokens=60, temperature=0)
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert all(c.usage is None for c in chunks)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    assert content == (whole.choices[0].message.content or "")
+    assert reasoning == (getattr(whole.choices[0].message, "reasoning_content", None) or "")
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert all(isinstance(tc.index, int) for tc in calls)
+    if calls:
+        assert calls[0].id and calls[0].type == "function" and calls[0].function.name
+        json.loads("".join(tc.function.arguments or "" for tc in calls))
+    with_usage = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert with_usage[-1].choices == [] and with_usage[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in with_usage[:-1])
+
+
+def test_tool_call_round_trip(client):
+    messages = ask("The test for parse in tests/test_parser.py is failing. Please find the cause and fix it.")
+    r = client.chat.completions.create(model="tiny-dense", messages=messages, tools=TOOLS, max_tokens=120, temperature=0)
+    msg = r.choices[0].message
+    follow = messages + [msg.model_dump(exclude_none=True)]
+    if msg.tool_calls:
+        assert r.choices[0].finish_reason == "tool_calls"
+        follow.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "def parse():\n    return None"})
+    else:
+        follow.append({"role": "user", "content": "Go on."})
+    again = client.chat.completions.create(model="tiny-dense", messages=follow, tools=TOOLS, max_tokens=30, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0  # the bank restored the previous turn
+
+
+def test_cached_tokens_equal_bank_restores(server, client):
+    url, engine = server
+    messages = ask("Where is parse used in the parser package?")
+    seen = []
+    engine.listeners.append(lambda e: seen.append(e) if type(e).__name__ == "Restored" else None)
+    for _ in range(3):
+        r = client.chat.completions.create(model="tiny-dense", messages=messages, max_tokens=40, temperature=0,
+                                           extra_headers={"x-session-id": "s-cached"})
+        assert r.usage.prompt_tokens_details.cached_tokens == seen[-1].cached_tokens
+        messages = messages + [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More."}]
+    assert seen[-1].cached_tokens > 0
+
+
+def test_anthropic_sdk(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server[0], api_key="x", max_retries=0)
+    tools = [{"name": "read_file", "description": "Read a file.",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    msg = client.messages.create(model="tiny-dense", max_tokens=60, system=SYSTEM, tools=tools,
+                                 messages=[{"role": "user", "content": "Explain what src/app/cli.py does"}], extra_body={"temperature": 0})
+    assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use") and msg.usage.output_tokens > 0
+    with client.messages.stream(model="tiny-dense", max_tokens=60, system=SYSTEM, tools=tools, extra_body={"temperature": 0},
+                                messages=[{"role": "user", "content": "Explain what src/app/cli.py does"}]) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert [b.type for b in final.content] == [b.type for b in msg.content]
+    count = client.messages.count_tokens(model="tiny-dense", system=SYSTEM,
+                                         messages=[{"role": "user", "content": "hi"}])
+    assert count.input_tokens > 0
+
+
+BAD = [b"{not json", b"[]", b'"x"', b"42", b"null", b'{"messages": "hi"}', b'{"messages": []}',
+       b'{"messages": [{"role": "wizard", "content": "x"}]}', b'{"messages": [{"role": "user", "content": 5}]}',
+       b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+       b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}',
+       b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1000000000000}',
+       b'{"messages": [{"role": "user", "content": "x"}], "temperature": -1}',
+       b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+       b'{"messages": [{"role": "user", "content": "x"}], "temperature": Infinity}',
+       b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+       b'{"messages": [{"role": "user", "content": "x"}], "n": 2}',
+       b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+       b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}']
+
+
+@pytest.mark.parametrize("body", BAD)
+def test_bad_input_gets_clean_400(server, body):
+    r = httpx.post(server[0] + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "Traceback" not in r.text and "/work" not in r.text and ".py" not in r.text
+
+
+def test_more_bad_input_and_routes(server, client):
+    url = server[0]
+    assert httpx.post(url + "/v1/completions", json={"prompt": ""}).status_code == 400
+    assert httpx.post(url + "/v1/completions", json={}).status_code == 400
+    big = b'{"messages": [{"role": "user", "content": "' + b"a" * (20 << 20) + b'"}]}'
+    assert httpx.post(url + "/v1/chat/completions", content=big).status_code == 413
+    r = httpx.get(url + "/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert httpx.get(url + "/v1/chat/completions").status_code == 405
+    too_long = [{"role": "user", "content": "word " * 9000}]
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": too_long, "stream": True})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
+    assert httpx.post(url + "/v1/messages", json={"messages": [{"role": "user", "content": "x"}]}).status_code == 400
+    # and the next normal request works
+    assert client.chat.completions.create(model="tiny-dense", messages=ask(), max_tokens=5).usage.completion_tokens == 5
+
+
+def test_dropped_stream_cancels_generation(server):
+    url, engine = server
+    finished = []
+    engine.listeners.append(lambda e: finished.append(e) if type(e).__name__ == "Finished" else None)
+    with httpx.stream("POST", url + "/v1/chat/completions",
+                      json={"messages": ask(), "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r:
+        for line in r.iter_lines():
+            if '"content"' in line and '""' not in line:
+                break
+    deadline = time.time() + 20
+    while not finished and time.time() < deadline:
+        time.sleep(0.05)
+    assert finished and finished[-1].finish_reason == "cancelled" and finished[-1].completion_tokens < 2000
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": ask(), "max_tokens": 5})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_metrics_and_events_stream(server, client):
+    client.chat.completions.create(model="tiny-dense", messages=ask(), max_tokens=5)
+    text = httpx.get(server[0] + "/metrics").text
+    assert "mtplx_ttft_seconds_bucket" in text and "mtplx_cache_restored_tokens_total" in text
