@@ -106,8 +106,7 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
         raise bad_request("stream must be a boolean", "stream")
     thinking = body.get("thinking")
     enable = None if thinking is None else (isinstance(thinking, dict) and thinking.get("type") == "enabled")
-    return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, enable, None,
-                    {"messages": messages, "tools": tools, "enable_thinking": enable})
+    return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, enable, None)
 
 
 def stop_reason(fin: Finished, tool_calls: int) -> str:

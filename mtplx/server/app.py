@@ -86,8 +86,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         metrics.request(request.url.path, response.status_code)
         return response
 
-    async def body_of(request: Request) -> dict:
-        return parse_json(await request.body())
+    async def body_of(request: Request) -> tuple[bytes, dict]:
+        raw = await request.body()
+        return raw, parse_json(raw)
 
     # -- plain routes -----------------------------------------------------------------------
     @app.get("/health")
@@ -126,8 +127,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     # -- OpenAI -----------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        call = parse_chat(await body_of(request), defaults, limit())
-        prompt = encode(engine, cache, call)
+        raw, body = await body_of(request)
+        call = parse_chat(body, defaults, limit())
+        prompt = encode(engine, cache, call, "chat", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers))
         reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
@@ -151,7 +153,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await body_of(request)
+        _, body = await body_of(request)
         prompt_text = body.get("prompt")
         if not isinstance(prompt_text, str) or not prompt_text:
             raise bad_request("prompt must be a non-empty string", "prompt")
@@ -164,8 +166,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     # -- Anthropic --------------------------------------------------------------------------
     @app.post("/v1/messages")
     async def messages(request: Request):
-        call = anthropic_map.parse_messages_call(await body_of(request), defaults, limit())
-        prompt = encode(engine, cache, call)
+        raw, body = await body_of(request)
+        call = anthropic_map.parse_messages_call(body, defaults, limit())
+        prompt = encode(engine, cache, call, "messages", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers))
         reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
@@ -189,8 +192,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
-        call = anthropic_map.parse_messages_call(await body_of(request), defaults, limit(), require_max_tokens=False)
-        return {"input_tokens": len(encode(engine, cache, call))}
+        raw, body = await body_of(request)
+        call = anthropic_map.parse_messages_call(body, defaults, limit(), require_max_tokens=False)
+        return {"input_tokens": len(encode(engine, cache, call, "count_tokens", raw))}
 
     return app
 

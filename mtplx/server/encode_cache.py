@@ -1,15 +1,15 @@
 """Memoised chat rendering + tokenisation (the per-request tax of long agent transcripts).
 
-Keyed by content: a hash of the request body fields that shape the prompt, the tokenizer's
-identity and the template's own hash (plus today's date when the template can print one). Hits
-hand out copies. `MTPLX_ENCODE_CACHE=off` disables it.
+Keyed by content: a hash of the raw request body (it holds the messages, tools, tool_choice and
+thinking flags; hashing its bytes costs a fraction of re-serialising them), the route, the
+tokenizer's identity and the template's own hash (plus today's date when the template can print
+one). Hits hand out copies. `MTPLX_ENCODE_CACHE=off` disables it.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 from collections import OrderedDict
 
@@ -23,9 +23,9 @@ class EncodeCache:
         self.entries: OrderedDict[str, tuple[list[int], dict]] = OrderedDict()
         self.hits = self.misses = 0
 
-    def key(self, shaping: dict) -> str:
-        digest = hashlib.sha256(self.salt.encode())
-        digest.update(json.dumps(shaping, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+    def key(self, route: str, body: bytes) -> str:
+        digest = hashlib.sha256(self.salt.encode() + route.encode())
+        digest.update(body)
         if self.dated:
             digest.update(datetime.date.today().isoformat().encode())
         return digest.hexdigest()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mtplx.engine.sampling import SamplingParams
 from mtplx.errors import RequestError
@@ -27,7 +27,6 @@ class ChatCall:
     include_usage: bool = False
     enable_thinking: bool | None = None
     session: str | None = None
-    shaping: dict = field(default_factory=dict)  # what the prompt depends on (encode-cache key)
 
 
 def _reject_constant(name: str):
@@ -185,5 +184,4 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be a boolean", "enable_thinking")
     return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
-                    bool(options.get("include_usage")), thinking, None,
-                    {"messages": messages, "tools": tools, "enable_thinking": thinking})
+                    bool(options.get("include_usage")), thinking, None)

@@ -28,8 +28,8 @@ def session_from(headers) -> str | None:
     return None
 
 
-def encode(engine, cache: EncodeCache, call: ChatCall) -> list[int]:
-    key = cache.key(call.shaping)
+def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -> list[int]:
+    key = cache.key(route, raw)
     hit = cache.get(key)
     if hit is not None:
         return hit[0]
