@@ -154,6 +154,85 @@ def serve(
         engine.stop()
 
 
+receipts_app = typer.Typer(help="Browse the receipt store ($MTPLX_HOME/receipts.db): one row per turn.", no_args_is_help=True)
+app.add_typer(receipts_app, name="receipts")
+
+
+@receipts_app.command("ls")
+def receipts_ls(
+    limit: int = typer.Option(30, "--limit", "-n", min=1),
+    session: Optional[str] = typer.Option(None, "--session"),
+    source: Optional[str] = typer.Option(None, "--source", help="tui, api, replay, cli"),
+) -> None:
+    """List the newest receipts."""
+    from mtplx.receipts.report import listing
+    from mtplx.receipts.store import ReceiptStore
+
+    where, params = _receipt_filter(session, source)
+    rows = ReceiptStore().rows(where, params)[-limit:]
+    typer.echo(listing(rows) if rows else "no receipts yet")
+
+
+def _receipt_filter(session, source):
+    clauses, params = [], []
+    for column, value in (("session", session), ("source", source)):
+        if value:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    return (" and ".join(clauses) or None), tuple(params)
+
+
+@receipts_app.command("show")
+def receipts_show(receipt_id: str = typer.Argument(..., help="A receipt id (or a unique prefix).")) -> None:
+    """Show one receipt in full, with its raw request."""
+    from mtplx.receipts.report import detail
+    from mtplx.receipts.store import ReceiptStore
+
+    row = ReceiptStore().get(receipt_id)
+    if row is None:
+        _fail(MtplxError(f"no single receipt matches {receipt_id!r}"))
+    typer.echo(detail(row))
+
+
+@receipts_app.command("export")
+def receipts_export(
+    fmt: str = typer.Option("csv", "--format", "-f", help="csv or json"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here instead of stdout."),
+    session: Optional[str] = typer.Option(None, "--session"),
+    source: Optional[str] = typer.Option(None, "--source"),
+) -> None:
+    """Export receipts as CSV or JSON."""
+    from mtplx.receipts.store import ReceiptStore
+
+    if fmt not in ("csv", "json"):
+        _fail(MtplxError(f"--format must be csv or json, got {fmt!r}"))
+    store = ReceiptStore()
+    text = store.export(fmt, store.rows(*_receipt_filter(session, source)))
+    if out:
+        out.write_text(text)
+    else:
+        typer.echo(text)
+
+
+@receipts_app.command("compare")
+def receipts_compare(
+    run_a: str = typer.Argument(..., help="A replay run id (see receipt files or `receipts ls --source replay`)."),
+    run_b: str = typer.Argument(...),
+) -> None:
+    """Two replay runs side by side per turn: ceiling, cached, ratio, TTFT; exits 1 on output mismatch."""
+    from mtplx.receipts.report import side_by_side
+    from mtplx.receipts.store import ReceiptStore
+
+    store = ReceiptStore()
+    a, b = (store.rows("replay_run = ?", (run,)) for run in (run_a, run_b))
+    if not a or not b:
+        _fail(MtplxError(f"no receipts for replay run {run_a if not a else run_b!r}"))
+    table, parity = side_by_side(a, b, run_a, run_b)
+    typer.echo(table)
+    if not parity:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

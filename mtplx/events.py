@@ -17,6 +17,7 @@ def _now() -> float:
 class Queued:
     request_id: str
     position: int  # requests ahead of this one
+    request: object = field(default=None, repr=False)  # the GenerationRequest (source, session, arm, raw)
     t: float = field(default_factory=_now)
 
 
@@ -94,3 +95,17 @@ class Failed:
 
 EngineEvent = Union[Queued, Restored, PrefillProgress, FirstToken, Tokens, DraftVerified, Finished, Failed]
 TERMINAL = (Finished, Failed)
+
+
+def event_dict(event: EngineEvent) -> dict:
+    """An event as plain JSON-able data; a queued request is summarised, not dumped whole."""
+    from dataclasses import asdict, fields
+
+    out = {f.name: getattr(event, f.name) for f in fields(event) if f.name != "request"}
+    if isinstance(event, Queued) and event.request is not None:
+        r = event.request
+        out["request"] = {"source": r.source, "session": r.session, "prompt_tokens": len(r.prompt), "arm": r.arm}
+    if isinstance(event, (Tokens, Finished)):
+        out["token_ids"] = list(out["token_ids"])
+    out["type"] = type(event).__name__
+    return out

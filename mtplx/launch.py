@@ -18,10 +18,18 @@ def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int =
     return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2))
 
 
-def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank: bool = True) -> Engine:
-    """A started engine; with a session bank (budget auto-sized from free memory) unless bank=False."""
+def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank: bool = True,
+                receipts: bool = True) -> Engine:
+    """A started engine; with a session bank (budget auto-sized from free memory) unless bank=False,
+    and every turn written to the receipt store unless receipts=False."""
     from mtplx.bank.bank import BankConfig
 
     path = resolve(model)
-    return Engine(path, engine_config(path, depth, no_mtp), name=model if "/" not in model else None,
-                  bank=BankConfig() if bank else None).start()
+    engine = Engine(path, engine_config(path, depth, no_mtp), name=model if "/" not in model else None,
+                    bank=BankConfig() if bank else None).start()
+    if receipts:
+        from mtplx.receipts.store import ReceiptStore
+        from mtplx.receipts.writer import ReceiptWriter
+
+        engine.listeners.append(ReceiptWriter(ReceiptStore(), model, engine.checkpoint.identity))
+    return engine

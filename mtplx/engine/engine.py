@@ -144,7 +144,7 @@ class Engine:
             self._queues.setdefault(session, deque()).append(sub)
             ahead = sum(len(q) for q in self._queues.values()) - 1 + (1 if self.busy else 0)
             self._lock.notify_all()
-        self._publish(sub, Queued(request.request_id, ahead))
+        self._publish(sub, Queued(request.request_id, ahead, request))
         return sub
 
     def call(self, fn: Callable, timeout: float | None = None):

@@ -25,6 +25,8 @@ class GenerationRequest:
     message_ends: tuple[int, ...] = ()  # token offsets where complete messages end (for the bank)
     head_end: int | None = None  # end of the system/tools head, when the prompt has one
     chat: dict | None = None  # {"messages", "tools", "enable_thinking"} when rendered from a chat
+    arm: str | None = None  # the A/B arm a replay runs this under
+    raw: str | None = None  # the request as the client sent it (kept in the receipt)
 
     def __post_init__(self):
         if not self.prompt:

@@ -9,7 +9,7 @@ from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished
 from mtplx.server.api_error import bad_request
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
-from mtplx.server.reply_stream import Piece, ReplyStream
+from mtplx.reply_stream import Piece, ReplyStream
 
 
 def _blocks(content, p: str) -> list[dict]:

@@ -8,7 +8,6 @@ are parsed by hand so every invalid one becomes our own 400 (never a 422).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import Failed, Finished, Tokens
+from mtplx.events import Failed, Finished, Tokens, event_dict
 from mtplx.server import anthropic_map, openai_response
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
@@ -118,7 +117,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 yield b": connected\n\n"
                 while True:
                     event = await queue.get()
-                    yield _event_sse(type(event).__name__, dataclasses.asdict(event))
+                    yield _event_sse(type(event).__name__, event_dict(event))
             finally:
                 engine.listeners.remove(push)
 
@@ -130,7 +129,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         raw, body = await body_of(request)
         call = parse_chat(body, defaults, limit())
         prompt = encode(engine, cache, call, "chat", raw)
-        sub = submit(engine, call, prompt, "api", session_from(request.headers))
+        sub = submit(engine, call, prompt, "api", session_from(request.headers), raw)
         reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
             return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, reasoning), request)
@@ -169,7 +168,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         raw, body = await body_of(request)
         call = anthropic_map.parse_messages_call(body, defaults, limit())
         prompt = encode(engine, cache, call, "messages", raw)
-        sub = submit(engine, call, prompt, "api", session_from(request.headers))
+        sub = submit(engine, call, prompt, "api", session_from(request.headers), raw)
         reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
             return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, reasoning), request)

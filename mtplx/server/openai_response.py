@@ -6,7 +6,7 @@ import time
 import uuid
 
 from mtplx.events import Finished
-from mtplx.server.reply_stream import Piece, ReplyStream
+from mtplx.reply_stream import Piece, ReplyStream
 
 
 def usage(fin: Finished) -> dict:

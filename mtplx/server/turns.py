@@ -42,11 +42,12 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
     return tokens
 
 
-def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str | None):
+def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str | None, raw: bytes | None = None):
     try:
         request = GenerationRequest(tuple(prompt), call.sampling, session=session, source=source,
                                     chat={"messages": call.messages, "tools": call.tools,
-                                          "enable_thinking": call.enable_thinking})
+                                          "enable_thinking": call.enable_thinking} if call.messages else None,
+                                    raw=raw.decode("utf-8", "replace") if raw else None)
         return engine.submit(request)
     except RequestError as exc:
         raise bad_request(str(exc), "messages", "context_length_exceeded" if "context window" in str(exc) else None) from None

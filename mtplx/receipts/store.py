@@ -1,0 +1,121 @@
+"""The receipt store: one SQLite row per turn, at $MTPLX_HOME/receipts.db by default.
+
+Migrates itself on open (an append-only list of named migrations), runs in WAL mode, keeps
+columns *and* the raw request JSON. A write never fails or stalls a request: a locked, read-only
+or broken database is logged and the row dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Callable
+
+import sqlite_utils
+
+log = logging.getLogger("mtplx.receipts")
+
+COLUMNS = {
+    "id": str, "created_utc": str, "session": str, "source": str, "model": str, "model_identity": str,
+    "arm": str, "prompt_tokens": int, "ceiling": int, "cached_tokens": int, "restore_source": str,
+    "anchor": str, "shortfall": str, "ttft_first_token_s": float, "ttft_first_visible_s": float,
+    "prefill_tps": float, "decode_tps": float, "mode": str, "depth": int, "tau": float,
+    "drafted_by_depth": str, "accepted_by_depth": str, "completion_tokens": int, "finish_reason": str,
+    "output_sha256": str, "request_json": str,
+}
+
+
+def _create(db: sqlite_utils.Database) -> None:
+    db["receipts"].create(COLUMNS, pk="id", if_not_exists=True)
+    db["receipts"].create_index(["session"], if_not_exists=True)
+    db["receipts"].create_index(["created_utc"], if_not_exists=True)
+
+
+def _add_replay_run(db: sqlite_utils.Database) -> None:
+    if "replay_run" not in db["receipts"].columns_dict:
+        db["receipts"].add_column("replay_run", str)
+        db["receipts"].add_column("turn_index", int)
+
+
+def _add_reasoning_tokens(db: sqlite_utils.Database) -> None:
+    if "reasoning_tokens" not in db["receipts"].columns_dict:
+        db["receipts"].add_column("reasoning_tokens", int)
+
+
+# Append-only: never edit or reorder; add a new named step instead.
+MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
+    ("001_create_receipts", _create),
+    ("002_replay_run", _add_replay_run),
+    ("003_reasoning_tokens", _add_reasoning_tokens),
+]
+
+
+def migrate(db: sqlite_utils.Database) -> list[str]:
+    db["_migrations"].create({"name": str, "applied_utc": str}, pk="name", if_not_exists=True)
+    done = {row["name"] for row in db["_migrations"].rows}
+    applied = []
+    for name, step in MIGRATIONS:
+        if name not in done:
+            step(db)
+            db["_migrations"].insert({"name": name, "applied_utc": _utc_now()})
+            applied.append(name)
+    return applied
+
+
+def _utc_now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class ReceiptStore:
+    def __init__(self, path: Path | str | None = None):
+        if path is None:
+            from mtplx.home import home_path
+
+            path = home_path("receipts.db")
+        self.path = path
+        conn = sqlite3.connect(str(path), timeout=2.0, check_same_thread=False, isolation_level=None)
+        self.db = sqlite_utils.Database(conn)
+        self.writable = True
+        try:
+            if str(path) != ":memory:":
+                self.db.enable_wal()
+            migrate(self.db)
+        except sqlite3.Error as exc:  # read-only or locked: readable where possible, writes dropped
+            log.warning("receipt store %s is not writable (%s); receipts will not be saved", path, exc)
+            self.writable = False
+
+    def add(self, row: dict) -> bool:
+        """Insert one receipt; never raises. Returns whether it was stored."""
+        if not self.writable:
+            return False
+        try:
+            self.db["receipts"].insert(row, alter=False)
+            return True
+        except (sqlite3.Error, sqlite_utils.db.NotFoundError) as exc:
+            log.warning("receipt %s not stored: %s", row.get("id"), exc)
+            return False
+
+    def rows(self, where: str | None = None, params: tuple = (), limit: int | None = None) -> list[dict]:
+        if "receipts" not in self.db.table_names():
+            return []
+        return list(self.db["receipts"].rows_where(where, params, order_by="id", limit=limit))
+
+    def get(self, receipt_id: str) -> dict | None:
+        found = self.rows("id = ? or id like ?", (receipt_id, receipt_id + "%"), limit=2)
+        return found[0] if len(found) == 1 else None
+
+    def export(self, fmt: str, rows: list[dict]) -> str:
+        if fmt == "json":
+            return json.dumps(rows, indent=2)
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else list(COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
