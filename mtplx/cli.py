@@ -154,6 +154,37 @@ def serve(
         engine.stop()
 
 
+@app.command()
+def replay(
+    target: str = typer.Argument(..., help="A transcript file, or the word 'compare' followed by two receipt files."),
+    others: list[str] = typer.Argument(None, help="With 'compare': the two receipt files."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="Replay against this OpenAI-compatible server "
+                                           "instead of an in-process one."),
+    model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP + " Its tokenizer counts prompts and ceilings."),
+    arms: list[str] = typer.Option([], "--arm", help="Run in-process under this setting (bank, no-bank, mtp, no-mtp, "
+                                   "render-ahead, no-render-ahead, depth=N; join with +). Give two for an A/B."),
+    pairs: int = typer.Option(1, "--pairs", min=1, help="With two arms: balanced pairs (AB, BA, ...)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Receipt file (never overwritten); default under $MTPLX_HOME/replays/."),
+) -> None:
+    """Replay a frozen transcript's requests in order and write receipts (or compare two receipt files)."""
+    from mtplx.replay.session import compare_files, run_replay
+
+    try:
+        if target == "compare":
+            if len(others or []) != 2:
+                _fail(MtplxError("usage: mtplx replay compare A.json B.json"))
+            table, parity = compare_files(Path(others[0]), Path(others[1]))
+            typer.echo(table)
+            if not parity:
+                typer.secho("output parity FAILED: the runs produced different outputs", fg="red", err=True)
+                raise typer.Exit(1)
+            return
+        for path in run_replay(Path(target), base_url, model, arms, pairs, out, echo=typer.echo):
+            typer.echo(f"receipt: {path}")
+    except MtplxError as exc:
+        _fail(exc)
+
+
 receipts_app = typer.Typer(help="Browse the receipt store ($MTPLX_HOME/receipts.db): one row per turn.", no_args_is_help=True)
 app.add_typer(receipts_app, name="receipts")
 

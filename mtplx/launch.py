@@ -33,3 +33,37 @@ def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank
 
         engine.listeners.append(ReceiptWriter(ReceiptStore(), model, engine.checkpoint.identity))
     return engine
+
+
+ARM_WORDS = {"bank": ("bank", True), "no-bank": ("bank", False), "mtp": ("mtp", True), "no-mtp": ("mtp", False),
+             "render-ahead": ("render_ahead", True), "no-render-ahead": ("render_ahead", False)}
+
+
+def parse_arm(spec: str) -> dict:
+    """'bank+mtp+depth=3' -> settings; unknown words are an error naming them."""
+    from mtplx.errors import MtplxError
+
+    settings = {"bank": True, "mtp": True, "depth": None, "render_ahead": True}
+    for word in filter(None, spec.split("+")):
+        if word.startswith("depth="):
+            settings["depth"] = int(word.split("=", 1)[1])
+        elif word in ARM_WORDS:
+            key, value = ARM_WORDS[word]
+            settings[key] = value
+        else:
+            raise MtplxError(f"unknown arm setting {word!r} (use {', '.join(ARM_WORDS)}, depth=N)")
+    return settings
+
+
+def serve_in_process(model: str, arm: str = ""):
+    """A fresh engine (and bank) for one replay arm, served on a free loopback port."""
+    from mtplx.bank.bank import BankConfig
+    from mtplx.server.app import create_app
+    from mtplx.server.background import BackgroundServer
+
+    settings = parse_arm(arm)
+    path = resolve(model)
+    config = engine_config(path, settings["depth"], not settings["mtp"])
+    bank = BankConfig(render_ahead=settings["render_ahead"]) if settings["bank"] else None
+    engine = Engine(path, config, name=model, bank=bank).start()
+    return engine, BackgroundServer(create_app(engine, model)).start()

@@ -16,7 +16,7 @@ from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor, Markers, as_toke
 from mtplx.bank.entry import Entry, entry_from_state, recurrent_arrays
 from mtplx.bank.plan import (attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
                              thin_checkpoints)
-from mtplx.bank.spans import message_spans, reuse_ceiling
+from mtplx.bank.spans import message_spans, reuse_ceiling, same_reply
 from mtplx.engine.generation import Generation, StartPoint, TurnState
 
 log = logging.getLogger("mtplx.bank")
@@ -72,6 +72,7 @@ class SessionBank:
         self.idle: deque[Iterator] = deque()
         self.outcomes: dict[str, Outcome] = {}
         self._captures: dict[int, list] = {}
+        self.last_turn: dict[str, tuple[int, dict]] = {}  # session -> (messages sent, reply generated)
 
     def identity(self, use_mtp: bool) -> str:
         return f"{self.base_identity}:{'mtp' if use_mtp else 'ar'}"
@@ -96,6 +97,10 @@ class SessionBank:
         plan = plan_restore(tokens, anchors, self.views(), identity, need_mtp=gen.use_mtp,
                             recurrent=self.runner.has_recurrent, min_restore=self.config.min_restore)
         plan_ms = (time.perf_counter() - t0) * 1000
+        # Session: the client's header, else inferred from the entry with the longest match (a
+        # restore always copies state, so two clients matching one entry fork, never share).
+        self._session = request.session or (self.entries[plan.entry_id].session if plan.entry_id else None) \
+            or request.request_id
         ceiling, cause = self._ceiling_and_cause(request, prompt, plan, identity)
         state, source = None, "cold"
         if plan.entry_id is not None:
@@ -120,9 +125,14 @@ class SessionBank:
         chat = request.chat
         if not chat:
             return None, None
-        spans = message_spans(prompt, chat["messages"], self.markers)
+        messages = chat["messages"]
+        spans = message_spans(prompt, messages, self.markers)
         head = next((a.position for a in self._anchors_for(prompt) if a.kind == "head"), None)
-        ceiling = reuse_ceiling(spans, chat["messages"], head)
+        known = None
+        if (previous := self.last_turn.get(self._session)) is not None:
+            sent, reply = previous
+            known = sent + 1 if len(messages) > sent and same_reply(messages[sent], reply) else sent
+        ceiling = reuse_ceiling(spans, known, head)
         if plan.position >= ceiling:
             return ceiling, None
         views = [v for v in self.views() if v.identity == identity]
@@ -148,15 +158,21 @@ class SessionBank:
             anchors.append(Anchor(state.length, GENERATION_END))
         last_hidden = gen.last_hidden_at_end
         self._store(entry_from_state(state, self.identity(gen.use_mtp), self._captures, anchors, last_hidden,
-                                     request.session))
+                                     self._session))
         # A reply cut by max_tokens still goes back into the client's history, so it is rendered
         # ahead too; a cancelled one, or one ended by a stop string, is not sent back as it is.
+        if request.chat:
+            from mtplx.chat import parse_reply
+
+            self.last_turn[self._session] = (len(request.chat["messages"]), parse_reply(gen.stream.text))
+            while len(self.last_turn) > 1024:  # only recent sessions matter for the ceiling
+                self.last_turn.pop(next(iter(self.last_turn)))
         if self.config.render_ahead and request.chat and (gen.finish_reason == "length" or
                                                          (gen.finish_reason == "stop" and not gen.stream.stopped)):
             from mtplx.bank.render_ahead import variants
 
             for tokens in variants(self.tokenizer, request.chat, gen.stream.text):
-                self.idle.append(self._prefill_variant(tokens, gen.use_mtp, request.session))
+                self.idle.append(self._prefill_variant(tokens, gen.use_mtp, self._session))
 
     def _feed_to_end(self, gen: Generation, target: list[int]) -> None:
         """Feed generated tokens the decode loop sampled but never fed (the last one, EOS)."""

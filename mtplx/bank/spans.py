@@ -24,13 +24,33 @@ def message_spans(prompt, messages: list[dict], markers: Markers) -> list[Messag
     return spans
 
 
-def reuse_ceiling(spans: list[MessageSpan], messages: list[dict], head: int | None) -> int:
-    """Tokens before the first new message: everything after the last assistant message is new;
-    a conversation with no assistant message yet can reuse at most its system/tools head."""
-    last_assistant = max((k for k, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
-    if last_assistant is None:
+def reuse_ceiling(spans: list[MessageSpan], known: int | None, head: int | None) -> int:
+    """Tokens before the first message the server could not know when the session's previous turn
+    ended (`known` messages were: the previous request's, plus its reply when the client sent that
+    back as generated). A session's first request can reuse at most a system/tools head."""
+    if known is None:
         return head or 0
     for span in spans:
-        if span.index > last_assistant:
+        if span.index >= known:
             return span.start
     return spans[-1].end if spans else 0
+
+
+def same_reply(sent: dict, generated: dict) -> bool:
+    """Whether the assistant message a client sent back is the reply the model generated."""
+    import json
+
+    def calls(m):
+        out = []
+        for c in m.get("tool_calls") or []:
+            fn = c.get("function", {})
+            args = fn.get("arguments")
+            try:
+                args = json.loads(args) if isinstance(args, str) else args
+            except json.JSONDecodeError:
+                pass
+            out.append((fn.get("name"), args))
+        return out
+
+    return (sent.get("role") == "assistant" and (sent.get("content") or "").strip() == (generated.get("content") or "").strip()
+            and calls(sent) == calls(generated))

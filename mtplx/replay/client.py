@@ -1,0 +1,76 @@
+"""One streamed chat request, measured the way a careful client measures it.
+
+TTFT is taken to the first generated delta (role-only chunks do not count) and, separately, to
+the first visible content (null for tool-only answers). A stream that ends without a finish
+reason or `[DONE]`, carries an error frame, or lacks usage is rejected: its numbers would lie.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from mtplx.errors import MtplxError
+
+
+class ReplayRejected(MtplxError):
+    """A response broke the replay contract; the message says how."""
+
+
+@dataclass
+class TurnResult:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_first_token_s: float | None
+    ttft_first_visible_s: float | None
+    total_s: float
+    finish_reason: str
+    output_sha256: str
+    text: str
+
+
+def stream_turn(client: httpx.Client, base_url: str, body: dict, headers: dict) -> TurnResult:
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    started = time.perf_counter()
+    first = visible = None
+    finish, usage, done, pieces = None, None, False, []
+    with client.stream("POST", base_url.rstrip("/") + "/v1/chat/completions", json=body, headers=headers) as r:
+        if r.status_code != 200:
+            raise ReplayRejected(f"server answered {r.status_code}: {r.read().decode(errors='replace')[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise ReplayRejected(f"error frame in the stream: {chunk['error'].get('message')}")
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                produced = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls")
+                if produced and first is None:
+                    first = time.perf_counter() - started
+                if delta.get("content") and visible is None:
+                    visible = time.perf_counter() - started
+                for call in delta.get("tool_calls") or []:  # ids are random: only name and arguments count
+                    fn = call.get("function") or {}
+                    pieces.append((fn.get("name") or "") + (fn.get("arguments") or ""))
+                pieces.append((delta.get("reasoning_content") or "") + (delta.get("content") or ""))
+                finish = choice.get("finish_reason") or finish
+    if not done or finish is None:
+        raise ReplayRejected("incomplete stream: it ended without a finish reason and [DONE]")
+    if not usage or "prompt_tokens" not in usage:
+        raise ReplayRejected("the response carries no usage (stream_options.include_usage was asked for)")
+    cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+    text = "".join(pieces)
+    return TurnResult(usage["prompt_tokens"], cached, usage.get("completion_tokens", 0), first, visible,
+                      time.perf_counter() - started, finish, hashlib.sha256(text.encode()).hexdigest(), text)
