@@ -112,19 +112,36 @@ def tui(
     depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
     no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port of the endpoint served alongside (127.0.0.1)."),
+    no_serve: bool = typer.Option(False, "--no-serve", help="Do not serve the endpoint."),
+    attach: Optional[str] = typer.Option(None, "--attach", help="Follow a running `mtplx serve` at this URL instead."),
 ) -> None:
-    """The workbench: chat with the model and watch cached tokens, TTFT and acceptance per turn."""
+    """The workbench: chat, watch restores, anchors and acceptance live, replay transcripts, browse receipts."""
+    from tui.app import MtplxApp
+
+    if attach:
+        MtplxApp(None, attach, attach_url=attach).run()
+        return
     from mtplx.launch import open_engine
 
     try:
         engine = open_engine(model, depth=depth, no_mtp=no_mtp)
     except MtplxError as exc:
         _fail(exc)
-    from tui.app import MtplxApp
-
+    server = None
     try:
-        MtplxApp(engine, model, max_tokens).run()
+        if not no_serve:
+            from mtplx.server.app import create_app
+            from mtplx.server.background import BackgroundServer
+
+            try:
+                server = BackgroundServer(create_app(engine, model), port=port).start()
+            except RuntimeError:  # the port is taken: serve on any free one rather than not at all
+                server = BackgroundServer(create_app(engine, model)).start()
+        MtplxApp(engine, model, max_tokens, server.url if server else None).run()
     finally:
+        if server is not None:
+            server.stop()
         engine.stop()
 
 

@@ -93,7 +93,17 @@ class Failed:
     t: float = field(default_factory=_now)
 
 
-EngineEvent = Union[Queued, Restored, PrefillProgress, FirstToken, Tokens, DraftVerified, Finished, Failed]
+@dataclass(frozen=True)
+class BankDecision:
+    """A session-bank action: stored, restored, superseded, thinned, evicted, render_ahead."""
+
+    request_id: str | None
+    action: str
+    detail: str
+    t: float = field(default_factory=_now)
+
+
+EngineEvent = Union[Queued, Restored, PrefillProgress, FirstToken, Tokens, DraftVerified, Finished, Failed, BankDecision]
 TERMINAL = (Finished, Failed)
 
 
@@ -109,3 +119,21 @@ def event_dict(event: EngineEvent) -> dict:
         out["token_ids"] = list(out["token_ids"])
     out["type"] = type(event).__name__
     return out
+
+
+def event_from_dict(data: dict) -> EngineEvent | None:
+    """The inverse of event_dict for the event stream (attach mode); unknown types give None."""
+    from dataclasses import fields
+
+    cls = {c.__name__: c for c in (Queued, Restored, PrefillProgress, FirstToken, Tokens, DraftVerified, Finished,
+                                   Failed, BankDecision)}.get(data.get("type"))
+    if cls is None:
+        return None
+    kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data and f.name != "request"}
+    if "token_ids" in kwargs:
+        kwargs["token_ids"] = tuple(kwargs["token_ids"])
+    if cls is Queued and isinstance(data.get("request"), dict):
+        from types import SimpleNamespace
+
+        kwargs["request"] = SimpleNamespace(**data["request"])
+    return cls(**kwargs)

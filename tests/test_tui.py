@@ -1,41 +1,141 @@
-"""One snapshot per TUI screen, fed fixed events so timings cannot make it flaky."""
+"""One snapshot per TUI screen and key state, fed fixed events (no clocks, no engine timing), plus
+pilot flow tests."""
 
 from __future__ import annotations
 
-from mtplx.events import DraftVerified, Finished, FirstToken, Restored, Tokens
+from types import SimpleNamespace
+
 from mtplx.engine.stats import GenerationStats
+from mtplx.events import BankDecision, DraftVerified, Failed, Finished, FirstToken, Queued, Restored, Tokens
 from tui.app import MtplxApp
 
+SIZE = (150, 40)
 
-def _turn(rid: str, prompt: int, cached: int, text: str, drafted: list[int], accepted: list[int]) -> list:
+
+def _turn(rid: str, prompt: int, cached: int, text: str, drafted: list[int], accepted: list[int], source="tui") -> list:
     stats = GenerationStats(mode="mtp", depth=len(drafted), prompt_tokens=prompt, cached_tokens=cached,
                             completion_tokens=40, verify_calls=drafted[0], drafted_by_depth=drafted,
                             accepted_by_depth=accepted, ttft_s=0.125, decode_s=0.5)
     stats.drafted_by_segment.update(reasoning=sum(drafted) // 2, content=sum(drafted) - sum(drafted) // 2)
     stats.accepted_by_segment.update(reasoning=sum(accepted) // 2, content=sum(accepted) - sum(accepted) // 2)
-    return [Restored(rid, prompt, cached, "ram" if cached else "cold", "message" if cached else None, 650 if cached else 37),
-            FirstToken(rid, 0.125),
-            Tokens(rid, (1,), text, "content"), DraftVerified(rid, 2, 1, "content"),
+    return [Queued(rid, 0, SimpleNamespace(source=source, session="s", prompt_tokens=prompt)),
+            Restored(rid, prompt, cached, "ram" if cached else "cold", "message" if cached else None, 650 if cached else 37),
+            FirstToken(rid, 0.125), Tokens(rid, (1,), text, "content"), DraftVerified(rid, 2, 1, "content"),
             Finished(rid, "stop", prompt, 40, cached, text, (1,), stats.as_dict())]
 
 
-def test_chat_screen(snap_compare):
-    app = MtplxApp(engine=None, model_name="tiny-dense")
+BANK = [{"session": "tui", "tokens": 740, "bytes": 3_100_000, "hits": 1, "checkpoints": [37, 620, 699],
+         "anchors": [(37, "head"), (60, "message"), (619, "prompt_end"), (661, "generation_end"), (700, "message")]},
+        {"session": "agent-1", "tokens": 662, "bytes": 2_700_000, "hits": 0, "checkpoints": [37],
+         "anchors": [(37, "head"), (60, "message"), (619, "prompt_end"), (661, "generation_end")]}]
+
+
+def app_with(*, server_url="http://127.0.0.1:8080"):
+    return MtplxApp(engine=None, model_name="tiny-dense", server_url=server_url)
+
+
+def test_empty_dashboard(snap_compare):
+    assert snap_compare(app_with(), terminal_size=SIZE)
+
+
+def test_dashboard_with_turns_and_anchors(snap_compare):
+    app = app_with()
 
     async def run_before(pilot):
-        chat = app.query_one("#chat")
+        chat = app.dashboard.query_one("#chat")
+        app.chat_request = "r1"
         chat.add_message("user", "Explain what src/ledger/events.py does")
         chat.start_reply()
         app.feed(_turn("r1", 620, 0, "<think>\nI need to read it.\n</think>\n\nIt defines `emit`.", [10, 9], [9, 7]))
-        chat.add_message("user", "Now run the tests")
-        chat.start_reply()
-        app.feed(_turn("r2", 700, 650, "The tests pass.", [8, 8], [8, 6]))
-        app.query_one("#bank").show([
-            {"session": "tui", "tokens": 740, "bytes": 3_100_000, "hits": 1, "checkpoints": [37, 620, 699],
-             "anchors": [(37, "head"), (60, "message"), (619, "prompt_end"), (661, "generation_end"), (700, "message")]},
-            {"session": "tui", "tokens": 662, "bytes": 2_700_000, "hits": 0, "checkpoints": [37],
-             "anchors": [(37, "head"), (60, "message"), (619, "prompt_end"), (661, "generation_end")]},
-        ])
+        app.feed(_turn("r2", 700, 650, "The tests pass.", [8, 8], [8, 6], source="api"))
+        app.feed([Queued("r3", 0, SimpleNamespace(source="api", session="agent-2", prompt_tokens=900))])
+        app.feed([BankDecision("r2", "restored", "650 tokens from e_1 at message (plan 0.08 ms)"),
+                  BankDecision("r2", "stored", "e_2: 740 tokens, 3027 KiB, session tui"),
+                  BankDecision(None, "evicted", "e_0 (300 tokens, 1200 KiB): over the 4 MiB budget, least recently used")])
+        app.on_bank_changed(SimpleNamespace(entries=BANK))
+        await pilot.pause()
+        await pilot.pause(0.2)  # the table sizes its columns on idle
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_error_notice(snap_compare):
+    app = app_with()
+
+    async def run_before(pilot):
+        app.feed([Failed("r9", "prompt has 9000 tokens; the context window is 8192", "invalid_request")])
         await pilot.pause()
 
-    assert snap_compare(app, terminal_size=(150, 34), run_before=run_before)
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_help_screen(snap_compare):
+    assert snap_compare(app_with(), terminal_size=SIZE, press=["f1"])
+
+
+def test_receipts_screen(snap_compare, tmp_path):
+    from mtplx.receipts.store import ReceiptStore
+
+    store = ReceiptStore(tmp_path / "r.db")
+    for i, (cached, ttft) in enumerate([(0, 1.5), (563, 0.174), (614, 0.255)]):
+        store.add({"id": f"r0000000000000000000{i}", "created_utc": f"2026-12-01T00:00:0{i}.000+00:00", "source": "replay",
+                   "session": "plain-s1", "prompt_tokens": 564 + 50 * i, "ceiling": None if i == 0 else 561 + 50 * i,
+                   "cached_tokens": cached, "ttft_first_token_s": ttft, "decode_tps": 80.0, "finish_reason": "stop"})
+    app = MtplxApp(engine=None, model_name="tiny-dense", receipts_store=store)
+
+    async def run_before(pilot):
+        await pilot.press("f3")
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_replay_screen_mid_way(snap_compare, tmp_path):
+    from mtplx.replay.transcript import Transcript, Turn
+    from tui.screens.replay import ReplayScreen
+
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    (tmp_path / "demo.json").write_text(Transcript("demo", "a two-turn demo", (Turn("s1", body), Turn("s1", body))).to_json())
+    app = app_with()
+
+    async def run_before(pilot):
+        screen = ReplayScreen(tmp_path)
+        await app.push_screen(screen)
+        await pilot.pause()
+        screen.query_one("#files").index = 0
+        await pilot.press("enter")
+        turn = _turn("r1", 564, 0, "x", [4], [3])
+        screen.add_turn(0, "s1", turn[1], turn[-1])
+        warm = Restored("r2", 615, 563, "ram", "prompt_end", 561, None)
+        screen.add_turn(1, "s1", warm, turn[-1])
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_flow_chat_turn_and_screens(dense_engine):
+    """Pilot: a real chat turn on the embedded engine streams and lands in the turns table;
+    screens open and close with their keys."""
+    import asyncio
+
+    asyncio.run(_flow(dense_engine))
+
+
+async def _flow(dense_engine):
+    app = MtplxApp(engine=dense_engine, model_name="tiny-dense", max_tokens=12)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*"hello there", "enter")
+        for _ in range(200):
+            await pilot.pause(0.05)
+            if app.dashboard.query_one("#turns").row_count:
+                break
+        assert app.dashboard.query_one("#turns").row_count == 1
+        assert app.messages[-1]["role"] == "assistant"
+        await pilot.press("f1")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape", "f3")
+        assert type(app.screen).__name__ == "ReceiptsScreen"
+        await pilot.press("escape", "f2")
+        assert type(app.screen).__name__ == "ReplayScreen"
+        await pilot.press("escape")
+        assert app.screen is app.dashboard

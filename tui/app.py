@@ -1,7 +1,9 @@
-"""`mtplx tui`: chat with the embedded engine and watch each turn's cache reuse and speculation.
+"""`mtplx tui`: chat with the embedded engine and watch each turn's cache reuse and speculation,
+while external agents use the endpoint served alongside.
 
-The app only routes: engine events arrive through a worker thread as messages and each widget
-turns them into pixels. Domain logic (rendering, parsing replies) lives in the core.
+The app only routes: every engine event (from any source: this chat, the endpoint, a replay)
+reaches it as a message, through an engine listener or, in attach mode, the server's event
+stream; widgets turn them into pixels. Blocking work runs in worker threads.
 """
 
 from __future__ import annotations
@@ -9,16 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from textual import on, work
-from textual.app import App, ComposeResult
-from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Header, Input, Static
+from textual.app import App
+from textual.widgets import Input, RichLog, Static
 
-from mtplx.events import Failed, Finished, FirstToken, PrefillProgress, Restored, Tokens
-from tui.messages import EngineEventArrived
-from tui.messages import BankChanged
+from mtplx.events import BankDecision, Failed, Finished, FirstToken, PrefillProgress, Queued, Restored, Tokens
+from tui.messages import BankChanged, EngineEventArrived
+from tui.screens.dashboard import Dashboard
+from tui.screens.help import HelpScreen
+from tui.screens.receipts import ReceiptsScreen
+from tui.screens.replay import ReplayScreen
 from tui.widgets.acceptance import AcceptancePanel
 from tui.widgets.bank import BankTable
 from tui.widgets.chat import ChatView
+from tui.widgets.inflight import InFlight
 from tui.widgets.turns import TurnTable
 
 SYSTEM = "You are a careful coding agent. Think before you act."
@@ -27,30 +32,50 @@ SYSTEM = "You are a careful coding agent. Think before you act."
 class MtplxApp(App):
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "mtplx"
-    BINDINGS = [("ctrl+q", "quit", "Quit"), ("ctrl+l", "clear", "New conversation")]
+    BINDINGS = [("ctrl+q", "quit", "Quit"), ("ctrl+l", "clear", "New chat"), ("f2", "replay", "Replay"),
+                ("f3", "receipts", "Receipts"), ("f1", "help", "Help"), ("question_mark", "help", "Help")]
 
-    def __init__(self, engine=None, model_name: str = "", max_tokens: int = 256):
+    def __init__(self, engine=None, model_name: str = "", max_tokens: int = 256, server_url: str | None = None,
+                 attach_url: str | None = None, receipts_store=None):
         super().__init__()
         self.engine, self.model_name, self.max_tokens = engine, model_name, max_tokens
+        self.server_url, self.attach_url, self.receipts_store = server_url, attach_url, receipts_store
         self.messages: list[dict] = [{"role": "system", "content": SYSTEM}]
-        self.source = "tui"
-
-    def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
-        with Horizontal(id="body"):
-            with Vertical(id="left"):
-                yield ChatView(id="chat")
-                yield Input(placeholder="Message the model (Enter to send)", id="prompt")
-            with Vertical(id="right"):
-                yield TurnTable(id="turns")
-                yield BankTable(id="bank")
-                yield AcceptancePanel(id="acceptance")
-        yield Static("idle", id="status")
-        yield Footer()
+        self.sources: dict[str, str] = {}
+        self.chat_request: str | None = None
 
     def on_mount(self) -> None:
         self.sub_title = self.model_name or "no engine"
-        self.query_one("#prompt", Input).focus()
+        self.dashboard = Dashboard(self.server_url, self.attach_url)
+        self.push_screen(self.dashboard)
+        if self.engine is not None:
+            self.engine.listeners.append(self._from_engine)
+        if self.attach_url:
+            self.follow(self.attach_url)
+
+    def _from_engine(self, event) -> None:  # called on the engine thread: only hand over
+        self.post_message(EngineEventArrived(event))
+
+    def on_unmount(self) -> None:
+        if self.engine is not None and self._from_engine in self.engine.listeners:
+            self.engine.listeners.remove(self._from_engine)
+
+    # -- actions ----------------------------------------------------------------------------
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_replay(self) -> None:
+        if self.engine is not None:
+            self.push_screen(ReplayScreen())
+        else:
+            self.notify("replay needs the embedded engine (not available in attach mode)", severity="warning")
+
+    def action_receipts(self) -> None:
+        self.push_screen(ReceiptsScreen(self.receipts_store))
+
+    def action_clear(self) -> None:
+        self.messages = self.messages[:1]
+        self.dashboard.query_one(ChatView).remove_children()
 
     # -- chat -------------------------------------------------------------------------------
     @on(Input.Submitted, "#prompt")
@@ -60,11 +85,12 @@ class MtplxApp(App):
             return
         event.input.value = ""
         self.messages.append({"role": "user", "content": text})
-        self.query_one(ChatView).add_message("user", text)
-        self.query_one(ChatView).start_reply()
+        chat = self.dashboard.query_one(ChatView)
+        chat.add_message("user", text)
+        chat.start_reply()
         self.generate(list(self.messages))
 
-    @work(thread=True, exclusive=True)
+    @work(thread=True, exclusive=True, group="chat")
     def generate(self, messages: list[dict]) -> None:
         from mtplx.chat import render
         from mtplx.engine.request import GenerationRequest
@@ -73,45 +99,75 @@ class MtplxApp(App):
         prompt = render(self.engine.checkpoint.tokenizer, messages)
         request = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=self.max_tokens), session="tui",
                                     source="tui", chat={"messages": messages, "tools": None})
-        for event in self.engine.submit(request):
-            self.post_message(EngineEventArrived(event))
-        if self.engine.bank is not None:
+        self.chat_request = request.request_id
+        for _ in self.engine.submit(request):  # events reach the views through the listener
+            pass
+
+    @work(thread=True, exclusive=True, group="bank")
+    def refresh_bank(self) -> None:
+        if self.engine is not None and self.engine.bank is not None:
             self.post_message(BankChanged(self.engine.call(self.engine.bank.summary)))
 
-    def on_bank_changed(self, message: BankChanged) -> None:
-        self.query_one(BankTable).show(message.entries)
+    @work(thread=True, group="attach")
+    def follow(self, url: str) -> None:
+        """Attach mode: the server's event stream feeds the same views."""
+        import json
 
-    def action_clear(self) -> None:
-        self.messages = self.messages[:1]
-        self.query_one(ChatView).remove_children()
+        import httpx
+
+        from mtplx.events import event_from_dict
+
+        try:
+            with httpx.stream("GET", url.rstrip("/") + "/v1/mtplx/events", timeout=None) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        event = event_from_dict(json.loads(line[6:]))
+                        if event is not None:
+                            self.post_message(EngineEventArrived(event))
+        except httpx.HTTPError as exc:
+            self.call_from_thread(self.notify, f"lost the event stream from {url}: {exc}", severity="error")
 
     # -- events -----------------------------------------------------------------------------
     def feed(self, events) -> None:
-        """Deliver events as if the engine had sent them (replay, tests)."""
+        """Deliver events as if the engine had sent them (tests, replays of recordings)."""
         for event in events:
             self.on_engine_event_arrived(EngineEventArrived(event))
 
+    def on_bank_changed(self, message: BankChanged) -> None:
+        self.dashboard.query_one(BankTable).show(message.entries)
+
     def on_engine_event_arrived(self, message: EngineEventArrived) -> None:
-        event, status = message.event, self.query_one("#status", Static)
-        if isinstance(event, Restored):
-            self.query_one(TurnTable).note_restore(event)
+        event = message.event
+        if isinstance(event, BankDecision):
+            self.dashboard.query_one("#log", RichLog).write(f"{event.action:<10} {event.detail}")
+            return
+        self.dashboard.query_one(InFlight).track(event)
+        status = self.dashboard.query_one("#status", Static)
+        ours = event.request_id == self.chat_request
+        if isinstance(event, Queued):
+            self.sources[event.request_id] = getattr(event.request, "source", "api")
+        elif isinstance(event, Restored):
+            self.dashboard.query_one(TurnTable).note_restore(event)
             ceiling = f" of ceiling {event.ceiling}" if event.ceiling is not None else ""
             why = f" — {event.shortfall}" if event.shortfall else ""
             status.update(f"prompt {event.prompt_tokens} tokens, {event.cached_tokens} restored{ceiling} "
                           f"({event.source}{', ' + event.anchor if event.anchor else ''}){why}")
-        elif isinstance(event, PrefillProgress):
+        elif isinstance(event, PrefillProgress) and ours:
             status.update(f"prefill {event.done}/{event.total}")
-        elif isinstance(event, FirstToken):
+        elif isinstance(event, FirstToken) and ours:
             status.update(f"first token after {event.ttft_s:.3f}s")
-        elif isinstance(event, Tokens):
-            self.query_one(ChatView).stream(event.text)
+        elif isinstance(event, Tokens) and ours:
+            self.dashboard.query_one(ChatView).stream(event.text)
         elif isinstance(event, Finished):
-            from mtplx.chat import parse_reply
+            self.dashboard.query_one(TurnTable).add_turn(event, self.sources.pop(event.request_id, "api"))
+            self.dashboard.query_one(AcceptancePanel).add(event.stats)
+            if ours:
+                from mtplx.chat import parse_reply
 
-            self.messages.append(parse_reply(event.text))
-            self.query_one(TurnTable).add_turn(event, self.source)
-            self.query_one(AcceptancePanel).add(event.stats)
-            status.update(f"done: {event.completion_tokens} tokens, finish {event.finish_reason}")
+                self.messages.append(parse_reply(event.text))
+                status.update(f"done: {event.completion_tokens} tokens, finish {event.finish_reason}")
+            self.refresh_bank()
         elif isinstance(event, Failed):
-            self.notify(event.message, severity="error")
+            self.sources.pop(event.request_id, None)
+            self.notify(event.message, title="request failed", severity="error")
             status.update("failed")

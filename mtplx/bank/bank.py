@@ -73,6 +73,7 @@ class SessionBank:
         self.outcomes: dict[str, Outcome] = {}
         self._captures: dict[int, list] = {}
         self.last_turn: dict[str, tuple[int, dict]] = {}  # session -> (messages sent, reply generated)
+        self.notify = lambda action, detail: None  # the engine points this at its listeners
 
     def identity(self, use_mtp: bool) -> str:
         return f"{self.base_identity}:{'mtp' if use_mtp else 'ar'}"
@@ -115,6 +116,8 @@ class SessionBank:
                                                     state.length if state else 0, source, plan.anchor, cause, plan_ms)
         self._captures = {}
         self._anchors = anchors
+        if state is not None:
+            self.notify("restored", f"{state.length} tokens from {plan.entry_id} at {plan.anchor or 'a cut'} (plan {plan_ms:.2f} ms)")
         start = StartPoint(state, source, plan.anchor, ceiling, cause)
         return start, plan.captures, self._capture
 
@@ -188,15 +191,23 @@ class SessionBank:
         messages = [a.position for a in entry.anchors if a.kind == MESSAGE]
         pinned.update(messages[-2:])
         keep = thin_checkpoints(list(entry.checkpoints), self.config.max_checkpoints, pinned)
+        if len(keep) < len(entry.checkpoints):
+            self.notify("thinned", f"{entry.entry_id}: kept {len(keep)} of {len(entry.checkpoints)} checkpoints")
         entry.checkpoints = {p: entry.checkpoints[p] for p in keep}
         view = entry.view()
         for old_id in superseded(view, self.views()):
             old = self.entries.pop(old_id)
             for p, arrays in old.checkpoints.items():  # keep what the longer entry lacked
                 entry.checkpoints.setdefault(p, arrays)
+            self.notify("superseded", f"{old_id} ({len(old.tokens)} tokens) is a prefix of {entry.entry_id}")
         self.entries[entry.entry_id] = entry
+        self.notify("stored", f"{entry.entry_id}: {len(entry.tokens)} tokens, {entry.nbytes / 1024:.0f} KiB, "
+                              f"session {entry.session}")
         for gone in plan_eviction(self.views(), self.config.budget_bytes, protected={entry.entry_id}):
-            self.evicted.append(self.entries.pop(gone).tokens)
+            dropped = self.entries.pop(gone)
+            self.evicted.append(dropped.tokens)
+            self.notify("evicted", f"{gone} ({len(dropped.tokens)} tokens, {dropped.nbytes / 1024:.0f} KiB): over the "
+                                   f"{self.config.budget_bytes / 2**20:.0f} MiB budget, least recently used")
 
     # -- render-ahead (idle work) ------------------------------------------------------------
     def _prefill_variant(self, tokens: list[int], use_mtp: bool, session: str | None) -> Iterator:

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, MtplxError, RequestError
-from mtplx.events import TERMINAL, EngineEvent, Failed, Finished, Queued
+from mtplx.events import TERMINAL, BankDecision, EngineEvent, Failed, Finished, Queued
 
 log = logging.getLogger("mtplx.engine")
 
@@ -182,7 +182,11 @@ class Engine:
 
     def _publish(self, sub: Submission, event: EngineEvent) -> None:
         sub.events.put(event)
-        for listener in self.listeners:
+        self._broadcast(event)
+
+    def _broadcast(self, event: EngineEvent) -> None:
+        """Hand an event to every listener (bank decisions have no submission of their own)."""
+        for listener in list(self.listeners):
             try:
                 listener(event)
             except Exception:  # a consumer's bug must not stop generation
@@ -201,6 +205,7 @@ class Engine:
                 from mtplx.bank.bank import SessionBank
 
                 self.bank = SessionBank(self.runner, self.checkpoint.identity, self.bank_config, self.config.chunk_size)
+                self.bank.notify = lambda action, detail: self._broadcast(BankDecision(self.busy, action, detail))
         except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread
             self._load_error = exc
             self._ready.set()

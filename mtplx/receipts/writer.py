@@ -37,6 +37,8 @@ class ReceiptWriter:
 
     def _fold(self, event: EngineEvent) -> None:
         rid = event.request_id
+        if rid is None:
+            return
         if isinstance(event, Queued):
             r = event.request
             if r is None or r.source == "render_ahead":

@@ -6,6 +6,7 @@ from textual.widgets import DataTable
 
 GLYPH = {"head": "H", "message": "M", "prompt_end": "P", "generation_end": "G", "grid": "#"}
 STRIP = 28
+COLUMNS = (("session", 12), ("tokens", 7), ("KiB", 7), ("hits", 5), ("anchors", STRIP))  # fixed: rows repaint in place
 
 
 def anchor_strip(length: int, anchors: list[tuple[int, str]], checkpoints: list[int]) -> str:
@@ -24,10 +25,11 @@ class BankTable(DataTable):
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.border_title = "bank: H head  M message  P prompt end  G generation end  | checkpoint"
-        self.add_columns("session", "tokens", "KiB", "hits", "anchors")
+        for label, width in COLUMNS:
+            self.add_column(label, width=width)
 
     def show(self, entries: list[dict]) -> None:
         self.clear()
         for e in entries:
-            self.add_row(str(e["session"] or "-"), str(e["tokens"]), f"{e['bytes'] / 1024:.0f}", str(e["hits"]),
+            self.add_row(str(e["session"] or "-")[:12], str(e["tokens"]), f"{e['bytes'] / 1024:.0f}", str(e["hits"]),
                          anchor_strip(e["tokens"], e["anchors"], e["checkpoints"]))

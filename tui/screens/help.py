@@ -1,0 +1,34 @@
+"""Every key, on one screen."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+HELP = """[b]mtplx — keys[/b]
+
+  enter      send the message typed below the chat
+  ctrl+l     new conversation (the bank keeps its entries)
+  f2         replay a frozen transcript turn by turn
+  f3         browse receipts (one row per turn, any source)
+  f1 / ?     this help          escape  back          ctrl+q  quit
+
+[b]reading the panels[/b]
+  turns      prompt tokens, the reuse ceiling (tokens known when the previous turn ended),
+             cached (restored from the bank), TTFT, decode speed, tau (tokens per verify)
+  bank       one row per entry; the strip marks anchors: H head, M message end,
+             P prompt end, G generation end, # grid, | recurrent checkpoint
+  acceptance MTP drafts kept, by draft depth and by segment (reasoning, content, tool call)
+  in flight  requests being served, their source, prefill progress and live speed
+  decisions  what the bank stored, restored, thinned, superseded or evicted, and why
+"""
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [("escape", "app.pop_screen", "Back"), ("q", "app.pop_screen", "Back")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help"):
+            yield Static(HELP)

@@ -1,0 +1,94 @@
+"""Replaying a frozen transcript turn by turn on the embedded engine: each turn's restore (or
+miss, and why) appears as it happens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, ListItem, ListView, Static
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_transcripts"
+COLUMNS = ("turn", "session", "prompt", "ceiling", "cached", "ratio", "source", "anchor", "TTFT s", "shortfall")
+
+
+class ReplayScreen(Screen):
+    BINDINGS = [("n", "next_turn", "Next turn"), ("a", "run_all", "Run all"), ("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, folder: Path = SAMPLES):
+        super().__init__()
+        self.files = sorted(folder.glob("*.json"))
+        self.transcript = None
+        self.cursor = 0
+        self.busy = False
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Horizontal():
+            with Vertical(id="picker"):
+                yield ListView(*[ListItem(Static(f.stem)) for f in self.files], id="files")
+            with Vertical(id="replay-main"):
+                yield Static("pick a transcript, then n = next turn, a = run all", id="replay-status")
+                yield DataTable(id="replay-turns", cursor_type="row")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#replay-turns", DataTable).add_columns(*COLUMNS)
+
+    @on(ListView.Selected, "#files")
+    def pick(self, event: ListView.Selected) -> None:
+        from mtplx.replay.transcript import load
+
+        self.transcript = load(self.files[event.list_view.index])
+        self.cursor = 0
+        self.query_one("#replay-turns", DataTable).clear()
+        self.status(f"{self.transcript.name}: {len(self.transcript.turns)} turns — {self.transcript.description}")
+
+    def status(self, text: str) -> None:
+        self.query_one("#replay-status", Static).update(text)
+
+    def action_next_turn(self) -> None:
+        if self.transcript is not None and not self.busy and self.cursor < len(self.transcript.turns):
+            self.busy = True
+            self.send(self.cursor, 1)
+
+    def action_run_all(self) -> None:
+        if self.transcript is not None and not self.busy:
+            self.busy = True
+            self.send(self.cursor, len(self.transcript.turns) - self.cursor)
+
+    @work(thread=True, exclusive=True)
+    def send(self, first: int, count: int) -> None:
+        from mtplx.chat import render
+        from mtplx.engine.request import GenerationRequest
+        from mtplx.engine.sampling import SamplingParams
+
+        engine = self.app.engine
+        for i in range(first, first + count):
+            turn = self.transcript.turns[i]
+            body = turn.body
+            prompt = render(engine.checkpoint.tokenizer, body["messages"], body.get("tools"))
+            request = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=body.get("max_tokens", 64)),
+                                        session=f"replay-{self.transcript.name}-{turn.session}", source="replay",
+                                        chat={"messages": body["messages"], "tools": body.get("tools")})
+            restored = finished = None
+            for event in engine.submit(request):
+                kind = type(event).__name__
+                restored = event if kind == "Restored" else restored
+                finished = event if kind == "Finished" else finished
+            engine.settle()  # an agent's tool time: render-ahead completes before the next turn
+            self.app.call_from_thread(self.add_turn, i, turn.session, restored, finished)
+        self.busy = False
+
+    def add_turn(self, i: int, session: str, restored, finished) -> None:
+        self.cursor = i + 1
+        ratio = (min(restored.cached_tokens, restored.ceiling) / restored.ceiling) if restored and restored.ceiling else None
+        f = lambda v, spec="": "-" if v is None else format(v, spec)
+        self.query_one("#replay-turns", DataTable).add_row(
+            str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens), f(ratio, ".3f"),
+            restored.source, restored.anchor or "-", f(finished.stats.get("ttft_s") if finished else None, ".3f"),
+            restored.shortfall or "")
+        self.status(f"{self.transcript.name}: turn {self.cursor}/{len(self.transcript.turns)} done")
