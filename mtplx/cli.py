@@ -114,6 +114,7 @@ def tui(
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
     port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port of the endpoint served alongside (127.0.0.1)."),
     no_serve: bool = typer.Option(False, "--no-serve", help="Do not serve the endpoint."),
+    no_ssd: bool = typer.Option(False, "--no-ssd", help="Keep the session bank in RAM only."),
     attach: Optional[str] = typer.Option(None, "--attach", help="Follow a running `mtplx serve` at this URL instead."),
 ) -> None:
     """The workbench: chat, watch restores, anchors and acceptance live, replay transcripts, browse receipts."""
@@ -125,7 +126,7 @@ def tui(
     from mtplx.launch import open_engine
 
     try:
-        engine = open_engine(model, depth=depth, no_mtp=no_mtp)
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd)
     except MtplxError as exc:
         _fail(exc)
     server = None
@@ -153,6 +154,7 @@ def serve(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MTPLX_API_KEY", help="Required unless bound to loopback."),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
     no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
+    no_ssd: bool = typer.Option(False, "--no-ssd", help="Keep the session bank in RAM only."),
 ) -> None:
     """Serve the OpenAI + Anthropic compatible API (headless)."""
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -161,7 +163,7 @@ def serve(
     from mtplx.server.app import create_app, serve_forever
 
     try:
-        engine = open_engine(model, depth=depth, no_mtp=no_mtp)
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd)
     except MtplxError as exc:
         _fail(exc)
     typer.echo(f"mtplx serving {model} on http://{host}:{port}/v1", err=True)
@@ -279,6 +281,50 @@ def receipts_compare(
     typer.echo(table)
     if not parity:
         raise typer.Exit(1)
+
+
+bank_app = typer.Typer(help="The session bank's SSD tier ($MTPLX_HOME/bank).", no_args_is_help=True)
+app.add_typer(bank_app, name="bank")
+
+
+def _ssd():
+    from mtplx.bank.ssd import SsdConfig, SsdTier
+
+    return SsdTier(SsdConfig.default())
+
+
+@bank_app.command("ls")
+def bank_ls() -> None:
+    """List persisted entries: id, session, tokens, size, anchors."""
+    tier = _ssd()
+    rows = list(tier.db.execute("select entry_id, session, token_count, nbytes, anchors, last_used from entries order by last_used desc"))
+    if not rows:
+        typer.echo("no persisted entries")
+    for entry_id, session, count, nbytes, anchors, _ in rows:
+        kinds = ",".join(sorted({k for _, k in json.loads(anchors)}))
+        typer.echo(f"{entry_id}  {str(session or '-')[:24]:<24} {count:>7} tokens {nbytes / 1024:>9.0f} KiB  anchors: {kinds}")
+
+
+@bank_app.command("stats")
+def bank_stats() -> None:
+    """Entries, bytes used, budget and free disk."""
+    for key, value in _ssd().stats().items():
+        typer.echo(f"{key}: {value}")
+
+
+@bank_app.command("clear")
+def bank_clear() -> None:
+    """Delete every persisted entry."""
+    typer.echo(f"deleted {_ssd().clear()} entries")
+
+
+@bank_app.command("gc")
+def bank_gc() -> None:
+    """Remove temp files and orphans, then enforce the byte budget and free-disk floor."""
+    tier = _ssd()
+    removed = tier.reconcile()
+    dropped = tier.enforce_budget()
+    typer.echo(f"removed {removed}; evicted {len(dropped)} entries over budget")
 
 
 def main() -> None:

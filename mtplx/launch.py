@@ -19,14 +19,16 @@ def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int =
 
 
 def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank: bool = True,
-                receipts: bool = True) -> Engine:
+                receipts: bool = True, ssd: bool = True) -> Engine:
     """A started engine; with a session bank (budget auto-sized from free memory) unless bank=False,
-    and every turn written to the receipt store unless receipts=False."""
+    persisted under $MTPLX_HOME/bank unless ssd=False, and every turn written to the receipt store
+    unless receipts=False."""
     from mtplx.bank.bank import BankConfig
+    from mtplx.bank.ssd import SsdConfig
 
     path = resolve(model)
     engine = Engine(path, engine_config(path, depth, no_mtp), name=model if "/" not in model else None,
-                    bank=BankConfig() if bank else None).start()
+                    bank=BankConfig() if bank else None, ssd=SsdConfig.default() if bank and ssd else None).start()
     if receipts:
         from mtplx.receipts.store import ReceiptStore
         from mtplx.receipts.writer import ReceiptWriter

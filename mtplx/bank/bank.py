@@ -61,8 +61,8 @@ class Outcome:
 
 
 class SessionBank:
-    def __init__(self, runner, identity: str, config: BankConfig = BankConfig(), chunk_size: int = 256):
-        self.runner, self.config, self.chunk_size = runner, config, chunk_size
+    def __init__(self, runner, identity: str, config: BankConfig = BankConfig(), chunk_size: int = 256, ssd=None):
+        self.runner, self.config, self.chunk_size, self.ssd = runner, config, chunk_size, ssd
         self.tokenizer = runner.checkpoint.tokenizer
         self.markers = Markers.from_tokenizer(self.tokenizer)
         self.think_id = self.tokenizer.get_vocab().get("<think>")
@@ -74,12 +74,16 @@ class SessionBank:
         self._captures: dict[int, list] = {}
         self.last_turn: dict[str, tuple[int, dict]] = {}  # session -> (messages sent, reply generated)
         self.notify = lambda action, detail: None  # the engine points this at its listeners
+        self.pending_writes: deque[Entry] = deque()  # entries waiting to be persisted (idle time)
+        self.ssd_views = {v.entry_id: v for v in ssd.views()} if ssd is not None else {}
 
     def identity(self, use_mtp: bool) -> str:
         return f"{self.base_identity}:{'mtp' if use_mtp else 'ar'}"
 
     def views(self):
-        return [e.view() for e in self.entries.values()]
+        """Every entry the planner may choose: RAM first, then SSD-only ones."""
+        ram = [e.view() for e in self.entries.values()]
+        return ram + [v for k, v in self.ssd_views.items() if k not in self.entries]
 
     def summary(self) -> list[dict]:
         """Plain data about every entry (for the TUI and the API; call on the engine thread)."""
@@ -105,13 +109,15 @@ class SessionBank:
         ceiling, cause = self._ceiling_and_cause(request, prompt, plan, identity)
         state, source = None, "cold"
         if plan.entry_id is not None:
-            entry = self.entries[plan.entry_id]
             try:
-                state, source = entry.restore(plan.position, prompt[plan.position]), "ram"
+                entry, source = self._fetch(plan.entry_id, identity)
+                state = entry.restore(plan.position, prompt[plan.position])
             except Exception as exc:  # a damaged entry is dropped, never served
-                log.warning("restore from %s failed (%s); computing cold", entry.entry_id, exc)
-                self.entries.pop(entry.entry_id, None)
-                state, cause = None, f"restore failed: {type(exc).__name__}"
+                log.warning("restore from %s failed (%s); computing cold", plan.entry_id, exc)
+                self.entries.pop(plan.entry_id, None)
+                self.ssd_views.pop(plan.entry_id, None)
+                self.notify("discarded", f"{plan.entry_id}: {exc}")
+                state, source, cause = None, "cold", f"restore failed, computed cold: {exc}"
         self.outcomes[request.request_id] = Outcome(request.request_id, len(prompt), ceiling,
                                                     state.length if state else 0, source, plan.anchor, cause, plan_ms)
         self._captures = {}
@@ -120,6 +126,15 @@ class SessionBank:
             self.notify("restored", f"{state.length} tokens from {plan.entry_id} at {plan.anchor or 'a cut'} (plan {plan_ms:.2f} ms)")
         start = StartPoint(state, source, plan.anchor, ceiling, cause)
         return start, plan.captures, self._capture
+
+    def _fetch(self, entry_id: str, identity: str) -> tuple[Entry, str]:
+        """The entry from RAM, or loaded (validated) from SSD and promoted to RAM."""
+        if entry_id in self.entries:
+            return self.entries[entry_id], "ram"
+        entry = self.ssd.load(entry_id, identity)
+        self.entries[entry_id] = entry
+        self.notify("promoted", f"{entry_id}: {len(entry.tokens)} tokens from SSD to RAM")
+        return entry, "ssd"
 
     def _capture(self, position: int, state: TurnState) -> None:
         self._captures[position] = recurrent_arrays(state.trunk)
@@ -200,7 +215,12 @@ class SessionBank:
             for p, arrays in old.checkpoints.items():  # keep what the longer entry lacked
                 entry.checkpoints.setdefault(p, arrays)
             self.notify("superseded", f"{old_id} ({len(old.tokens)} tokens) is a prefix of {entry.entry_id}")
+            if self.ssd is not None:
+                self.ssd.delete(old_id)
+                self.ssd_views.pop(old_id, None)
         self.entries[entry.entry_id] = entry
+        if self.ssd is not None:
+            self.pending_writes.append(entry)  # write-through, off the decode path
         self.notify("stored", f"{entry.entry_id}: {len(entry.tokens)} tokens, {entry.nbytes / 1024:.0f} KiB, "
                               f"session {entry.session}")
         for gone in plan_eviction(self.views(), self.config.budget_bytes, protected={entry.entry_id}):
@@ -231,12 +251,39 @@ class SessionBank:
         self._store(entry_from_state(gen.state, identity, captures, [*anchors, Anchor(len(tokens), MESSAGE)],
                                      gen.last_hidden, session))
 
+    def persist_one(self) -> None:
+        entry = self.pending_writes.popleft()
+        if entry.entry_id not in self.entries:
+            return  # superseded or evicted before its turn to be written
+        try:
+            self.ssd.write(entry)
+            self.ssd_views[entry.entry_id] = entry.view()
+            alive = {r[0] for r in self.ssd.db.execute("select entry_id from entries")}
+            for gone in [k for k in self.ssd_views if k not in alive]:  # the SSD budget dropped these
+                self.ssd_views.pop(gone)
+                self.notify("evicted", f"{gone} from SSD: over the disk budget")
+        except OSError as exc:  # a full or failing disk costs persistence, never the turn
+            log.warning("persisting %s failed: %s", entry.entry_id, exc)
+            self.notify("ssd_failed", f"{entry.entry_id}: {exc}")
+
+    def flush(self) -> None:
+        """Persist every pending entry (clean shutdown)."""
+        while self.ssd is not None and self.pending_writes:
+            self.persist_one()
+
+    @property
+    def has_idle_work(self) -> bool:
+        return bool(self.idle or self.pending_writes)
+
     def idle_step(self) -> bool:
         """Run one unit of idle work; returns whether any remains."""
+        if self.pending_writes:
+            self.persist_one()
+            return True
         while self.idle:
             try:
                 next(self.idle[0])
                 return True
             except StopIteration:
                 self.idle.popleft()
-        return False
+        return bool(self.pending_writes)

@@ -85,10 +85,11 @@ class _Call:
 
 class Engine:
     def __init__(self, model_path: Path | str, config: EngineConfig = EngineConfig(), name: str | None = None,
-                 bank=None):
-        """`bank`: a BankConfig to keep a session bank (built on the engine thread), or None."""
+                 bank=None, ssd=None):
+        """`bank`: a BankConfig to keep a session bank (built on the engine thread), or None;
+        `ssd`: an SsdConfig to persist it across restarts, or None."""
         self.model_path, self.config, self.name = Path(model_path), config, name
-        self.bank_config, self.bank = bank, None
+        self.bank_config, self.bank, self.ssd_config = bank, None, ssd
         self.listeners: list[Callable[[EngineEvent], None]] = []
         self._queues: OrderedDict[str, deque[Submission]] = OrderedDict()
         self._lock = threading.Condition()
@@ -162,13 +163,13 @@ class Engine:
     def settle(self) -> None:
         """Return once idle work (the bank's render-ahead) has run out, as it does when an agent
         spends a moment on its tools between requests."""
-        while self.bank is not None and self.call(lambda: bool(self.bank.idle)):
+        while self.bank is not None and self.call(lambda: self.bank.has_idle_work):
             pass
 
     def _next(self) -> Submission | None:
         with self._lock:
             while not self._stopping and not self._queues:
-                if self.bank is not None and self.bank.idle:
+                if self.bank is not None and self.bank.has_idle_work:
                     return _IDLE
                 self._lock.wait()
             if self._stopping:
@@ -204,7 +205,12 @@ class Engine:
             if self.bank_config is not None:
                 from mtplx.bank.bank import SessionBank
 
-                self.bank = SessionBank(self.runner, self.checkpoint.identity, self.bank_config, self.config.chunk_size)
+                ssd = None
+                if self.ssd_config is not None:
+                    from mtplx.bank.ssd import SsdTier
+
+                    ssd = SsdTier(self.ssd_config)
+                self.bank = SessionBank(self.runner, self.checkpoint.identity, self.bank_config, self.config.chunk_size, ssd)
                 self.bank.notify = lambda action, detail: self._broadcast(BankDecision(self.busy, action, detail))
         except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread
             self._load_error = exc
@@ -224,6 +230,11 @@ class Engine:
                 self._serve(sub)
             finally:
                 self.busy = None
+        if self.bank is not None:  # a clean shutdown persists what is pending
+            try:
+                self.bank.flush()
+            except Exception:
+                log.exception("flushing the bank to SSD failed")
         self._release_streams()
 
     @staticmethod

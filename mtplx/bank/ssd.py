@@ -1,0 +1,231 @@
+"""The bank's SSD tier: entries as safetensors files plus a SQLite manifest, under
+$MTPLX_HOME/bank/ by default.
+
+Writes are atomic: a temp file in the same directory, fsync, rename, then the manifest row; a
+crash at any point leaves either a complete entry or debris that `open` removes (temp files,
+files without a row, rows without a file). Every load is validated (format version, model
+identity, token count, whole-file checksum); a file that fails is deleted, never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mtplx.bank.anchors import Anchor
+from mtplx.bank.plan import EntryView
+
+log = logging.getLogger("mtplx.bank.ssd")
+FORMAT_VERSION = 1
+
+
+class CorruptEntry(Exception):
+    """A persisted entry failed validation (the message says how); it has been deleted."""
+
+
+@dataclass(frozen=True)
+class SsdConfig:
+    root: Path
+    budget_bytes: int
+    free_floor_bytes: int = 1 << 30
+
+    @classmethod
+    def default(cls, root: Path | None = None) -> "SsdConfig":
+        from mtplx.home import mtplx_home
+
+        root = Path(root) if root else mtplx_home() / "bank"
+        root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(root).free
+        return cls(root, budget_bytes=max(256 << 20, min(20 << 30, free // 10)))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class SsdTier:
+    def __init__(self, config: SsdConfig):
+        self.config = config
+        self.root = config.root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.root / "manifest.db"), isolation_level=None, check_same_thread=False, timeout=5)
+        self.db.execute("pragma journal_mode = wal")
+        self.db.execute("""create table if not exists entries (
+            entry_id text primary key, file text, identity text, token_count integer, tokens blob, nbytes integer,
+            checksum text, version integer, session text, created real, last_used real, anchors text,
+            restorable text, mtp_len integer, has_last_hidden integer)""")
+        self.reconcile()
+
+    # -- housekeeping -----------------------------------------------------------------------
+    def reconcile(self) -> dict:
+        """Remove what a crash can leave: temp files, files without a row, rows without a file."""
+        removed = {"temp": 0, "orphan_files": 0, "orphan_rows": 0}
+        files = {row[0] for row in self.db.execute("select file from entries")}
+        for path in self.root.iterdir():
+            if path.name.startswith(".tmp-"):
+                path.unlink(missing_ok=True)
+                removed["temp"] += 1
+            elif path.suffix == ".safetensors" and path.name not in files:
+                path.unlink(missing_ok=True)
+                removed["orphan_files"] += 1
+        for (file,) in list(self.db.execute("select file from entries")):
+            if not (self.root / file).is_file():
+                self.db.execute("delete from entries where file = ?", (file,))
+                removed["orphan_rows"] += 1
+        return removed
+
+    def views(self, exclude: set[str] = frozenset()) -> list[EntryView]:
+        out = []
+        for row in self.db.execute("select entry_id, tokens, identity, restorable, mtp_len, has_last_hidden, session, "
+                                   "last_used, nbytes, anchors from entries"):
+            if row[0] in exclude:
+                continue
+            tokens = np.frombuffer(row[1], dtype=np.int32).astype(np.int64)
+            restorable = json.loads(row[3])
+            out.append(EntryView(row[0], tuple(tokens.tolist()), row[2], tuple(restorable) if restorable is not None else None,
+                                 row[4], bool(row[5]), row[6], row[7], row[8],
+                                 tuple(Anchor(p, k) for p, k in json.loads(row[9])), tokens))
+        return out
+
+    def stats(self) -> dict:
+        count, total = self.db.execute("select count(*), coalesce(sum(nbytes), 0) from entries").fetchone()
+        return {"entries": count, "bytes": total, "budget_bytes": self.config.budget_bytes,
+                "free_bytes": shutil.disk_usage(self.root).free, "root": str(self.root)}
+
+    def delete(self, entry_id: str) -> None:
+        row = self.db.execute("select file from entries where entry_id = ?", (entry_id,)).fetchone()
+        self.db.execute("delete from entries where entry_id = ?", (entry_id,))
+        if row:
+            (self.root / row[0]).unlink(missing_ok=True)
+
+    def clear(self) -> int:
+        ids = [r[0] for r in self.db.execute("select entry_id from entries")]
+        for entry_id in ids:
+            self.delete(entry_id)
+        self.reconcile()
+        return len(ids)
+
+    def enforce_budget(self, keep: str | None = None) -> list[str]:
+        """Drop least recently used entries while over the byte cap or under the free-disk floor."""
+        dropped = []
+        rows = list(self.db.execute("select entry_id, nbytes from entries order by last_used"))
+        total = sum(n for _, n in rows)
+        for entry_id, nbytes in rows:
+            floor_ok = shutil.disk_usage(self.root).free >= self.config.free_floor_bytes
+            if total <= self.config.budget_bytes and floor_ok:
+                break
+            if entry_id == keep:
+                continue
+            self.delete(entry_id)
+            dropped.append(entry_id)
+            total -= nbytes
+        return dropped
+
+    # -- write ------------------------------------------------------------------------------
+    def has(self, entry_id: str) -> bool:
+        return self.db.execute("select 1 from entries where entry_id = ?", (entry_id,)).fetchone() is not None
+
+    def write(self, entry) -> None:
+        """Persist one RAM entry (engine thread, idle time)."""
+        import mlx.core as mx
+
+        arrays, layers = {}, []
+        for i, snap in enumerate(entry.trunk):
+            layers.append([snap.kind, snap.offset, [a is not None for a in snap.arrays]])
+            for j, a in enumerate(snap.arrays):
+                if a is not None:
+                    arrays[f"t{i}_{j}"] = a
+        for pos, per_layer in entry.checkpoints.items():
+            for i, layer in enumerate(per_layer):
+                for j, a in enumerate(layer or ()):
+                    if a is not None:
+                        arrays[f"c{pos}_{i}_{j}"] = a
+        if entry.mtp is not None:
+            arrays["mtp_k"], arrays["mtp_v"] = entry.mtp.arrays
+        if entry.last_hidden is not None:
+            arrays["last_hidden"] = entry.last_hidden
+        arrays["tokens"] = mx.array(np.asarray(entry.tokens, dtype=np.int32))
+        meta = {"format_version": str(FORMAT_VERSION), "identity": entry.identity, "token_count": str(len(entry.tokens)),
+                "layers": json.dumps(layers), "checkpoints": json.dumps(sorted(entry.checkpoints)),
+                "mtp_len": str(entry.mtp_len if entry.mtp_len is not None else -1)}
+        name = f"{entry.entry_id}.safetensors"
+        tmp = self.root / f".tmp-{entry.entry_id}.safetensors"
+        mx.save_safetensors(str(tmp), arrays, metadata=meta)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.root / name)
+        view = entry.view()
+        self.db.execute("insert or replace into entries values (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", (
+            entry.entry_id, name, entry.identity, len(entry.tokens), np.asarray(entry.tokens, dtype=np.int32).tobytes(),
+            (self.root / name).stat().st_size, _sha256(self.root / name), FORMAT_VERSION, entry.session, entry.created,
+            time.time(), json.dumps([[a.position, a.kind] for a in entry.anchors]),
+            json.dumps(list(view.restorable) if view.restorable is not None else None),
+            entry.mtp_len, int(entry.last_hidden is not None)))
+        self.enforce_budget(keep=entry.entry_id)
+
+    # -- read -------------------------------------------------------------------------------
+    def load(self, entry_id: str, identity: str):
+        """The entry, validated; on any failure the files are deleted and CorruptEntry raised."""
+        import mlx.core as mx
+
+        from mtplx.bank.entry import Entry
+        from mtplx.engine.cache_state import LayerSnapshot
+
+        row = self.db.execute("select file, checksum, token_count, identity, tokens, session, created, anchors "
+                              "from entries where entry_id = ?", (entry_id,)).fetchone()
+        if row is None:
+            raise CorruptEntry(f"{entry_id}: not in the manifest")
+        file, checksum, count, row_identity, token_blob, session, created, anchors = row
+        path = self.root / file
+        try:
+            if row_identity != identity:
+                raise CorruptEntry(f"{file}: written for model {row_identity}, not {identity}")
+            if not path.is_file() or path.stat().st_size == 0:
+                raise CorruptEntry(f"{file}: missing or empty")
+            if _sha256(path) != checksum:
+                raise CorruptEntry(f"{file}: checksum mismatch (truncated or altered)")
+            try:
+                arrays, meta = mx.load(str(path), return_metadata=True)
+            except Exception as exc:  # mlx reports unreadable files with several exception types
+                raise CorruptEntry(f"{file}: unreadable ({type(exc).__name__})") from exc
+            if meta.get("format_version") != str(FORMAT_VERSION):
+                raise CorruptEntry(f"{file}: format version {meta.get('format_version')}, expected {FORMAT_VERSION}")
+            if meta.get("identity") != identity or int(meta.get("token_count", -1)) != count:
+                raise CorruptEntry(f"{file}: header does not match the manifest (identity or token count)")
+            tokens = tuple(np.frombuffer(token_blob, dtype=np.int32).tolist())
+            if tuple(np.array(arrays["tokens"]).tolist()) != tokens:
+                raise CorruptEntry(f"{file}: tokens differ from the manifest")
+            trunk = []
+            for i, (kind, offset, present) in enumerate(json.loads(meta["layers"])):
+                trunk.append(LayerSnapshot(kind, tuple(arrays.get(f"t{i}_{j}") if p else None for j, p in enumerate(present)), offset))
+            checkpoints = {}
+            for pos in json.loads(meta["checkpoints"]):
+                checkpoints[pos] = [None if s.kind == "kv" else tuple(arrays.get(f"c{pos}_{i}_{j}") for j in range(len(s.arrays)))
+                                    for i, s in enumerate(trunk)]
+            mtp_len = int(meta["mtp_len"])
+            mtp = LayerSnapshot("kv", (arrays["mtp_k"], arrays["mtp_v"]), mtp_len) if mtp_len >= 0 and "mtp_k" in arrays else None
+        except CorruptEntry:
+            self.delete(entry_id)
+            raise
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
+            self.delete(entry_id)
+            raise CorruptEntry(f"{file}: malformed ({type(exc).__name__}: {exc})") from exc
+        self.db.execute("update entries set last_used = ? where entry_id = ?", (time.time(), entry_id))
+        return Entry(tokens, identity, trunk, checkpoints, mtp, arrays.get("last_hidden"),
+                     [Anchor(p, k) for p, k in json.loads(anchors)], session, entry_id=entry_id, created=created)

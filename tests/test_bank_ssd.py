@@ -1,0 +1,114 @@
+"""The SSD tier: restores after a restart, and never serves a damaged file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from mtplx.bank.bank import BankConfig
+from mtplx.bank.ssd import SsdConfig
+from mtplx.catalog import resolve
+from mtplx.chat import render
+from mtplx.engine.engine import Engine, EngineConfig
+from mtplx.engine.request import GenerationRequest
+from mtplx.engine.sampling import SamplingParams
+from mtplx.synth.agent import Sizes, conversation
+from mtplx.synth.corpus import Corpus
+
+MODEL = "tiny-hybrid"  # recurrent state is the hard part to persist
+
+
+def engine_on(root, bank=True):
+    return Engine(resolve(MODEL), EngineConfig(chunk_size=64), name=MODEL,
+                  bank=BankConfig() if bank else None,
+                  ssd=SsdConfig(root, budget_bytes=64 << 20, free_floor_bytes=0) if bank else None).start()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(resolve(MODEL)))
+    convo = conversation(515, Corpus(), Sizes(20, 40), max_user_turns=1)
+    first = render(tok, convo["messages"][:2], convo["tools"])
+    second = render(tok, convo["messages"][:4], convo["tools"])  # a later turn over the same base
+    return tuple(first), tuple(second)
+
+
+def run(engine, prompt):
+    return engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=16), session="s")).result()
+
+
+@pytest.fixture(scope="module")
+def cold_output(prompts):
+    engine = engine_on(None, bank=False)
+    try:
+        return run(engine, prompts[1]).token_ids
+    finally:
+        engine.stop()
+
+
+def test_restart_restores_from_ssd(tmp_path, prompts, cold_output):
+    first = engine_on(tmp_path)
+    run(first, prompts[0])
+    first.stop()  # clean shutdown flushes pending writes
+    assert list(tmp_path.glob("*.safetensors"))
+    second = engine_on(tmp_path)
+    try:
+        restored = []
+        second.listeners.append(lambda e: restored.append(e) if type(e).__name__ == "Restored" else None)
+        fin = run(second, prompts[1])
+        assert fin.cached_tokens > 0 and restored[-1].source == "ssd"
+        assert fin.token_ids == cold_output
+    finally:
+        second.stop()
+
+
+def _corrupt(root, how):
+    (path,) = sorted(root.glob("*.safetensors"))[:1]
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "flipped":
+        path.write_bytes(data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:])
+    elif how == "empty":
+        path.write_bytes(b"")
+    else:
+        db = sqlite3.connect(str(root / "manifest.db"))
+        column, value = ("version", 99) if how == "bumped_version" else ("identity", "another-model:mtp")
+        db.execute(f"update entries set {column} = ?", (value,))
+        db.commit()
+        db.close()
+        if how == "bumped_version":  # the header is what load checks: rewrite it with a new version
+            import mlx.core as mx
+
+            arrays, meta = mx.load(str(path), return_metadata=True)
+            mx.save_safetensors(str(path), arrays, metadata=dict(meta, format_version="99"))
+            from mtplx.bank.ssd import _sha256
+
+            db = sqlite3.connect(str(root / "manifest.db"))
+            db.execute("update entries set checksum = ?", (_sha256(path),))
+            db.commit()
+            db.close()
+    return path
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "empty", "bumped_version", "wrong_model"])
+def test_damaged_files_are_discarded_and_computed_cold(tmp_path, prompts, cold_output, how):
+    first = engine_on(tmp_path)
+    run(first, prompts[0])
+    first.stop()
+    for extra in sorted(tmp_path.glob("*.safetensors"))[1:]:  # keep one entry: the damaged one
+        extra.unlink()
+    first_file = _corrupt(tmp_path, how)
+    second = engine_on(tmp_path)
+    try:
+        fin = run(second, prompts[1])
+        assert fin.cached_tokens == 0 and fin.token_ids == cold_output
+        assert not first_file.exists() or how == "wrong_model"  # another model's file is not ours to judge
+        assert second.submit(GenerationRequest(prompts[0], SamplingParams(max_tokens=4))).result().completion_tokens == 4
+    finally:
+        second.stop()
+    assert not list(tmp_path.glob(".tmp-*"))
