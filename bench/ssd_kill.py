@@ -2,8 +2,9 @@
 
     python bench/ssd_kill.py [--kills 20] [--model tiny-hybrid]
 
-Each round starts a child that serves turns with write-through persistence into one bank
-directory and kills it with SIGKILL at a random moment. After each kill the tier is opened the way
+Each round starts a child that computes real bank entries on the embedded model and then persists
+copies of them as fast as the disk allows into one bank directory, and kills it with SIGKILL at a
+random moment (so most kills land inside a write). After each kill the tier is opened the way
 a restarted server opens it; the script checks that no temp file survives the open, that every
 entry in the manifest loads and validates (no partial entry is ever served), and that the bytes on
 disk stay within the budget.
@@ -24,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CHILD = """
-import sys, itertools
+import sys, itertools, dataclasses
 from pathlib import Path
 from mtplx.bank.bank import BankConfig
 from mtplx.bank.ssd import SsdConfig
@@ -35,11 +36,19 @@ from mtplx.engine.sampling import SamplingParams
 root, model, budget = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 engine = Engine(resolve(model), EngineConfig(chunk_size=64), bank=BankConfig(),
                 ssd=SsdConfig(root, budget_bytes=budget, free_floor_bytes=0)).start()
+# Real entries from real turns, then writes as fast as the disk takes them, so kills land mid-write.
+for i in range(3):
+    prompt = tuple(range(5, 5 + 300 + 150 * i))
+    engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=8), session=f"s{i}")).result()
+engine.settle()
 print("ready", flush=True)
-for i in itertools.count():
-    prompt = tuple(range(5, 5 + 200 + (i * 37) % 400))
-    engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=8), session=f"s{i % 3}")).result()
-    engine.settle()
+def hammer():
+    bank = engine.bank
+    seeds = list(bank.entries.values())
+    for i in itertools.count():
+        entry = dataclasses.replace(seeds[i % len(seeds)], entry_id=f"e_kill{i:06d}")
+        bank.ssd.write(entry)
+engine.call(hammer)
 """
 
 
@@ -57,13 +66,13 @@ def main() -> None:
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="mtplx-kill-"))
     budget = args.budget_mb << 20
-    identity = model_identity(resolve(args.model)) + ":mtp"
     failures, totals = 0, []
     for k in range(args.kills):
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), args.model, str(budget)],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         child.stdout.readline()  # "ready": the model is loaded, writes are about to start
-        time.sleep(rng.uniform(0.3, 3.0))
+        identity = model_identity(resolve(args.model)) + ":mtp"
+        time.sleep(rng.uniform(0.2, 1.5))
         temps_before = len(list(root.glob(".tmp-*")))
         os.kill(child.pid, signal.SIGKILL)
         child.wait()

@@ -68,6 +68,7 @@ class SsdTier:
             checksum text, version integer, session text, created real, last_used real, anchors text,
             restorable text, mtp_len integer, has_last_hidden integer)""")
         self.reconcile()
+        self.enforce_budget()  # a crash between a row and its eviction pass can leave the tier over budget
 
     # -- housekeeping -----------------------------------------------------------------------
     def reconcile(self) -> dict:
