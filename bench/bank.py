@@ -6,14 +6,18 @@ Each scenario drives the model like an agent (transcript tool results and user m
 model's own replies) through two engines in one process: one with the session bank, one cold.
 Every warm turn prints prompt tokens, reuse ceiling, achieved (cached) tokens, ratio, restore
 source and anchor kind, the cause of any shortfall, TTFT warm vs cold, restore overhead (warm
-TTFT / the warm prefill of the un-restored suffix alone) and output parity. It also prints the
-anchor planner's p50 at 32 / 128 / 512 messages.
+TTFT / the warm prefill of the un-restored suffix alone) and output parity. After each scenario
+the banked engine is stopped (flushing its bank to SSD), a fresh one opens the same directory and
+repeats the last turn: the after-restart table shows what it restored from SSD and its TTFT vs
+cold. It also prints the anchor planner's p50 at 32 / 128 / 512 messages.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -23,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mtplx.bank.anchors import Markers, as_tokens, prompt_anchors  # noqa: E402
 from mtplx.bank.bank import BankConfig  # noqa: E402
 from mtplx.bank.plan import EntryView, plan_restore  # noqa: E402
+from mtplx.bank.ssd import SsdConfig  # noqa: E402
 from mtplx.catalog import resolve  # noqa: E402
 from mtplx.chat import render  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -65,10 +70,13 @@ def run_turn(engine: Engine, prompt, chat, session):
     return fin, outcome
 
 
-def run_scenario(name, sessions, order, bank_config, model, rows):
-    warm = Engine(resolve(model), EngineConfig(), name=model, bank=bank_config).start()
+def run_scenario(name, sessions, order, bank_config, model, rows, restarts):
+    ssd_root = Path(tempfile.mkdtemp(prefix="mtplx-bench-ssd-"))
+    ssd = SsdConfig(ssd_root, budget_bytes=1 << 30, free_floor_bytes=0)
+    warm = Engine(resolve(model), EngineConfig(), name=model, bank=bank_config, ssd=ssd).start()
     cold = Engine(resolve(model), EngineConfig(), name=model).start()
     tok = warm.checkpoint.tokenizer
+    last = None
     try:
         for turn, idx in enumerate(order):
             s = sessions[idx]
@@ -78,6 +86,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows):
             prompt, chat = nxt
             fin_w, outcome = run_turn(warm, prompt, chat, s.name)
             fin_c, _ = run_turn(cold, prompt, chat, s.name)
+            last = (prompt, chat, s.name, fin_c, fin_w)
             first_of_session = not any(m["role"] == "assistant" for m in s.sent) and not any(
                 o is not s and o.conversation["messages"][0] == s.conversation["messages"][0]
                 and any(m["role"] == "assistant" for m in o.sent) for o in sessions)
@@ -93,8 +102,22 @@ def run_scenario(name, sessions, order, bank_config, model, rows):
                              parity=fin_w.token_ids == fin_c.token_ids))
             s.reply(fin_w.text)
     finally:
-        warm.stop()
+        warm.stop()  # a clean shutdown flushes the bank to SSD
         cold.stop()
+    if last is None:
+        return
+    # After a restart: a fresh engine on the same SSD directory replays the scenario's last turn.
+    prompt, chat, session, fin_c, fin_w = last
+    restarted = Engine(resolve(model), EngineConfig(), name=model, bank=bank_config, ssd=ssd).start()
+    try:
+        restarted.bank.last_turn = {}  # nothing of the session survives in RAM, only on disk
+        fin_r, outcome = run_turn(restarted, prompt, chat, session)
+    finally:
+        restarted.stop()
+        shutil.rmtree(ssd_root, ignore_errors=True)
+    restarts.append(dict(model=model, scenario=name, prompt=len(prompt), cached=fin_r.cached_tokens,
+                         source=outcome.source, anchor=outcome.anchor, ratio_vs_warm=fin_r.cached_tokens / max(fin_w.cached_tokens, 1),
+                         ttft_ssd=fin_r.stats["ttft_s"], ttft_cold=fin_c.stats["ttft_s"], parity=fin_r.token_ids == fin_c.token_ids))
 
 
 def planner_p50(tokenizer) -> dict[int, float]:
@@ -131,9 +154,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Shorter tool results (for a fast look).")
     args = parser.parse_args()
     rows: list[dict] = []
+    restarts: list[dict] = []
     for model in args.models:
         for name, sessions, order, config in scenarios(args.quick):
-            run_scenario(name, sessions, order, config, model, rows)
+            run_scenario(name, sessions, order, config, model, rows, restarts)
     print(f"{'model':<11} {'scenario':<34} {'sess':<4} {'prompt':>6} {'ceil':>6} {'cached':>6} {'ratio':>6} "
           f"{'source':<6} {'anchor':<14} {'TTFT warm':>9} {'TTFT cold':>9} {'ovh':>5} {'parity':<6} cause")
     for r in rows:
@@ -146,6 +170,13 @@ def main() -> None:
             print(f"{model}: warm turns {len(mine)}, min ratio {min(r['ratio'] for r in mine):.3f}, "
                   f"mean ratio {statistics.mean(r['ratio'] for r in mine):.3f}, parity {all(r['parity'] for r in mine)}, "
                   f"TTFT warm/cold median {statistics.median(r['ttft_warm'] / r['ttft_cold'] for r in mine):.3f}")
+    print("\nafter restart (fresh engine, same SSD directory, the scenario's last turn again):")
+    print(f"{'model':<11} {'scenario':<34} {'prompt':>6} {'cached':>6} {'vs warm':>7} {'source':<6} {'anchor':<14} "
+          f"{'TTFT ssd':>8} {'TTFT cold':>9} {'ratio':>6} parity")
+    for r in restarts:
+        print(f"{r['model']:<11} {r['scenario']:<34} {r['prompt']:>6} {r['cached']:>6} {r['ratio_vs_warm']:7.3f} "
+              f"{r['source']:<6} {r['anchor'] or '-':<14} {r['ttft_ssd']:8.3f} {r['ttft_cold']:9.3f} "
+              f"{r['ttft_ssd'] / r['ttft_cold']:6.3f} {r['parity']}")
     from transformers import AutoTokenizer
 
     p50 = planner_p50(AutoTokenizer.from_pretrained(str(resolve(args.models[0]))))
