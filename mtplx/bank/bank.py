@@ -242,7 +242,13 @@ class SessionBank:
             return  # already held, state at its end included
         gen = Generation(self.runner, GenerationRequest(tuple(tokens), source="render_ahead", session=session),
                          use_mtp=use_mtp, depth=1, chunk_size=self.chunk_size, eos_ids=set(), submitted_at=time.monotonic())
-        state = self.entries[plan.entry_id].restore(plan.position, tokens[plan.position]) if plan.entry_id else None
+        state = None
+        if plan.entry_id:
+            try:
+                state = self._fetch(plan.entry_id, identity)[0].restore(plan.position, tokens[plan.position])
+            except Exception as exc:  # a damaged SSD entry: drop it and compute this branch cold
+                self.ssd_views.pop(plan.entry_id, None)
+                self.notify("discarded", f"{plan.entry_id}: {exc}")
         captures: dict[int, list] = {}
         hook = lambda p, st: captures.__setitem__(p, recurrent_arrays(st.trunk))
         for _ in gen.prefill(StartPoint(state), plan.captures, hook):
@@ -285,5 +291,9 @@ class SessionBank:
                 next(self.idle[0])
                 return True
             except StopIteration:
+                self.idle.popleft()
+            except Exception as exc:  # idle work is an optimisation: a failure drops it, never the engine
+                log.exception("render-ahead failed")
+                self.notify("render_ahead_failed", f"{type(exc).__name__}: {exc}")
                 self.idle.popleft()
         return bool(self.pending_writes)
