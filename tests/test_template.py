@@ -75,3 +75,10 @@ def test_head_end_is_the_system_turn(tokenizer):
     assert tokenizer.decode(prompt[:end]).endswith("</tool_call><|im_end|>\n")
     assert tokenizer.decode(prompt[end:]).startswith("<|im_start|>user")
     assert head_end(tokenizer, render(tokenizer, TOOL_TURN[1:2], None)) is None
+
+
+def test_last_assistant_without_reasoning_gets_an_empty_think_block_only_while_last(tokenizer):
+    convo = TOOL_TURN[:2] + [{"role": "assistant", "content": "Done."}]
+    assert "<think>\n\n</think>\n\nDone." in text(tokenizer, convo, add_generation_prompt=False)
+    later = convo + [{"role": "user", "content": "Thanks"}]
+    assert "<think>" not in text(tokenizer, later).split("Read a.py")[1].split("Thanks")[0]

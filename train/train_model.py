@@ -69,12 +69,25 @@ def export(model: TinyMTPModel, out: Path, tokenizer_dir: Path, meta: dict) -> N
         shutil.copy(tokenizer_dir / name, out / name)
 
 
+def load_export(model: TinyMTPModel, path: Path) -> None:
+    """Continue from an exported checkpoint (weights only; the optimiser starts afresh)."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path / "model.safetensors"))
+    trunk = {k.replace("model.language_model.", "model.", 1): v.float() for k, v in state.items() if not k.startswith("mtp.")}
+    trunk["lm_head.weight"] = trunk["model.embed_tokens.weight"]
+    model.trunk.load_state_dict(trunk, strict=False)
+    model.mtp.load_state_dict({k[4:]: v.float() for k, v in state.items() if k.startswith("mtp.")})
+
+
 def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     data = token_stream(args.tokenizer, range(args.seed * 100_000, args.seed * 100_000 + args.conversations))
     print(f"{args.kind}: {len(data):,} training tokens")
     model = TinyMTPModel(args.kind)
+    if args.init is not None:
+        load_export(model, args.init)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     gen = torch.Generator().manual_seed(args.seed)
     start = last_export = time.time()
@@ -104,7 +117,8 @@ def train(args: argparse.Namespace) -> None:
         if time.time() - last_export > args.export_every * 60:
             export(model, args.out, args.tokenizer, {"step": step, "tokens": tokens, "seed": args.seed, "final": False})
             last_export = time.time()
-    export(model, args.out, args.tokenizer, {"step": step, "tokens": tokens, "seed": args.seed, "final": True,
+    export(model, args.out, args.tokenizer, {"step": step, "tokens": tokens + args.prior_tokens, "seed": args.seed, "final": True,
+                                             "continued_from_tokens": args.prior_tokens,
                                              "loss": main.item(), "mtp1_loss": mtp1.item(), "mtp2_loss": mtp2.item()})
     print(f"{args.kind}: done, {tokens:,} tokens in {time.time() - start:.0f}s")
 
@@ -122,6 +136,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--init", type=Path, help="Continue from this exported model directory.")
+    parser.add_argument("--prior-tokens", type=int, default=0, help="Tokens the --init model was trained on (recorded).")
     train(parser.parse_args())
 
 
