@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CHATML_START = "<|im_start|>"
-
-
 @dataclass(frozen=True)
 class Boundary:
     message_index: int  # boundary after messages[:message_index]
@@ -60,23 +57,10 @@ def message_boundaries(tokenizer, messages: list[dict], tools: list[dict] | None
 
 def head_end(tokenizer, prompt: list[int]) -> int | None:
     """End of the leading system turn (system prompt + tools) found from ChatML markers, or None."""
-    vocab = tokenizer.get_vocab()
-    start, end = vocab.get(CHATML_START), vocab.get("<|im_end|>")
-    if start is None or end is None or not prompt or prompt[0] != start:
-        return None
-    system = tokenizer.encode("system", add_special_tokens=False)
-    if prompt[1 : 1 + len(system)] != system:
-        return None
-    try:
-        close = prompt.index(end)
-    except ValueError:
-        return None
-    # include the newline after <|im_end|> when the template writes one
-    newline = tokenizer.encode("\n", add_special_tokens=False)
-    after = close + 1
-    if prompt[after : after + len(newline)] == newline:
-        after += len(newline)
-    return after
+    from mtplx.bank.anchors import Markers, head_end as head_of, turn_ends
+
+    markers = Markers.from_tokenizer(tokenizer)
+    return head_of(prompt, markers, turn_ends(prompt, markers))
 
 
 def parse_reply(text: str) -> dict:

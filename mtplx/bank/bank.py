@@ -106,7 +106,7 @@ class SessionBank:
         # restore always copies state, so two clients matching one entry fork, never share).
         self._session = request.session or (self.entries[plan.entry_id].session if plan.entry_id else None) \
             or request.request_id
-        ceiling, cause = self._ceiling_and_cause(request, prompt, plan, identity)
+        ceiling, cause = self._ceiling_and_cause(request, prompt, plan, identity, anchors)
         state, source = None, "cold"
         if plan.entry_id is not None:
             try:
@@ -139,13 +139,13 @@ class SessionBank:
     def _capture(self, position: int, state: TurnState) -> None:
         self._captures[position] = recurrent_arrays(state.trunk)
 
-    def _ceiling_and_cause(self, request, prompt, plan, identity) -> tuple[int | None, str | None]:
+    def _ceiling_and_cause(self, request, prompt, plan, identity, anchors) -> tuple[int | None, str | None]:
         chat = request.chat
         if not chat:
             return None, None
         messages = chat["messages"]
         spans = message_spans(prompt, messages, self.markers)
-        head = next((a.position for a in self._anchors_for(prompt) if a.kind == "head"), None)
+        head = next((a.position for a in anchors if a.kind == "head"), None)
         known = None
         if (previous := self.last_turn.get(self._session)) is not None:
             sent, reply = previous
