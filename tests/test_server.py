@@ -194,3 +194,18 @@ def test_metrics_and_events_stream(server, client):
     client.chat.completions.create(model="tiny-dense", messages=ask(), max_tokens=5)
     text = httpx.get(server[0] + "/metrics").text
     assert "mtplx_ttft_seconds_bucket" in text and "mtplx_cache_restored_tokens_total" in text
+
+
+def test_sdk_errors_are_clean(server, client):
+    import anthropic
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny-dense", messages=ask(), temperature=-1)
+    assert "temperature" in str(info.value)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny-dense", messages=ask(), n=2)
+    claude = anthropic.Anthropic(base_url=server[0], api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model="tiny-dense", max_tokens=5, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
