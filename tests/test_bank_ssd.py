@@ -112,3 +112,21 @@ def test_damaged_files_are_discarded_and_computed_cold(tmp_path, prompts, cold_o
     finally:
         second.stop()
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_entries_evicted_from_ram_restore_from_ssd(tmp_path, prompts, cold_output):
+    engine = Engine(resolve(MODEL), EngineConfig(chunk_size=64), name=MODEL, bank=BankConfig(budget_bytes=1),
+                    ssd=SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=0)).start()
+    try:
+        decisions = []
+        engine.listeners.append(lambda e: decisions.append(e) if type(e).__name__ == "BankDecision" else None)
+        run(engine, prompts[0])
+        engine.settle()
+        run(engine, tuple(range(40, 140)))  # another entry pushes the first out of RAM
+        engine.settle()
+        assert any(d.action == "evicted" and "still on SSD" in d.detail for d in decisions)
+        fin = run(engine, prompts[1])
+        assert fin.cached_tokens > 0 and fin.token_ids == cold_output
+        assert not [d for d in decisions if d.action in ("discarded", "ssd_failed")]
+    finally:
+        engine.stop()

@@ -211,23 +211,26 @@ class SessionBank:
         entry.checkpoints = {p: entry.checkpoints[p] for p in keep}
         view = entry.view()
         for old_id in superseded(view, self.views()):
-            old = self.entries.pop(old_id)
-            for p, arrays in old.checkpoints.items():  # keep what the longer entry lacked
-                entry.checkpoints.setdefault(p, arrays)
-            self.notify("superseded", f"{old_id} ({len(old.tokens)} tokens) is a prefix of {entry.entry_id}")
+            old = self.entries.pop(old_id, None)
+            if old is not None:
+                for p, arrays in old.checkpoints.items():  # keep what the longer entry lacked
+                    entry.checkpoints.setdefault(p, arrays)
             if self.ssd is not None:
                 self.ssd.delete(old_id)
                 self.ssd_views.pop(old_id, None)
+            self.notify("superseded", f"{old_id} is a prefix of {entry.entry_id}")
         self.entries[entry.entry_id] = entry
         if self.ssd is not None:
             self.pending_writes.append(entry)  # write-through, off the decode path
         self.notify("stored", f"{entry.entry_id}: {len(entry.tokens)} tokens, {entry.nbytes / 1024:.0f} KiB, "
                               f"session {entry.session}")
-        for gone in plan_eviction(self.views(), self.config.budget_bytes, protected={entry.entry_id}):
+        ram = [e.view() for e in self.entries.values()]  # the RAM budget counts RAM entries only
+        for gone in plan_eviction(ram, self.config.budget_bytes, protected={entry.entry_id}):
             dropped = self.entries.pop(gone)
             self.evicted.append(dropped.tokens)
-            self.notify("evicted", f"{gone} ({len(dropped.tokens)} tokens, {dropped.nbytes / 1024:.0f} KiB): over the "
-                                   f"{self.config.budget_bytes / 2**20:.0f} MiB budget, least recently used")
+            self.notify("evicted", f"{gone} ({len(dropped.tokens)} tokens, {dropped.nbytes / 1024:.0f} KiB) from RAM: over "
+                                   f"the {self.config.budget_bytes / 2**20:.0f} MiB budget, least recently used"
+                                   + (" (still on SSD)" if gone in self.ssd_views else ""))
 
     # -- render-ahead (idle work) ------------------------------------------------------------
     def _prefill_variant(self, tokens: list[int], use_mtp: bool, session: str | None) -> Iterator:
