@@ -182,8 +182,9 @@ class Engine:
             return sub
 
     def _publish(self, sub: Submission, event: EngineEvent) -> None:
-        sub.events.put(event)
+        # Listeners first: once a submitter sees its Finished event, the receipt is written.
         self._broadcast(event)
+        sub.events.put(event)
 
     def _broadcast(self, event: EngineEvent) -> None:
         """Hand an event to every listener (bank decisions have no submission of their own)."""
