@@ -29,8 +29,19 @@ def resolve(name_or_path: str | Path) -> Path:
     return path
 
 
+def safetensors_header_metadata(path: Path) -> dict:
+    """The `__metadata__` strings of a safetensors file (read from its header only)."""
+    return _read_header(path).get("__metadata__") or {}
+
+
 def safetensors_header(path: Path) -> dict:
     """The JSON header of a safetensors file: tensor names, dtypes and shapes."""
+    header = _read_header(path)
+    header.pop("__metadata__", None)
+    return header
+
+
+def _read_header(path: Path) -> dict:
     with path.open("rb") as fh:
         raw = fh.read(8)
         if len(raw) != 8:
@@ -42,7 +53,8 @@ def safetensors_header(path: Path) -> dict:
             header = json.loads(fh.read(size))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ModelLoadError(f"{path}: header is not valid JSON ({exc})") from exc
-    header.pop("__metadata__", None)
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: header is not a JSON object")
     return header
 
 

@@ -82,11 +82,29 @@ class SsdTier:
             elif path.suffix == ".safetensors" and path.name not in files:
                 path.unlink(missing_ok=True)
                 removed["orphan_files"] += 1
-        for (file,) in list(self.db.execute("select file from entries")):
+        removed["invalid"] = 0
+        for file, identity, count in list(self.db.execute("select file, identity, token_count from entries")):
             if not (self.root / file).is_file():
                 self.db.execute("delete from entries where file = ?", (file,))
                 removed["orphan_rows"] += 1
+            elif not self._header_agrees(self.root / file, identity, count):
+                self.db.execute("delete from entries where file = ?", (file,))
+                (self.root / file).unlink(missing_ok=True)
+                removed["invalid"] += 1
         return removed
+
+    @staticmethod
+    def _header_agrees(path: Path, identity: str, count: int) -> bool:
+        """Cheap open-time check (header only): format version, identity and token count match the
+        manifest. Full checksums are verified when an entry is loaded."""
+        from mtplx.catalog import safetensors_header_metadata
+
+        try:
+            meta = safetensors_header_metadata(path)
+        except Exception:  # unreadable header: the file is damaged
+            return False
+        return (meta.get("format_version") == str(FORMAT_VERSION) and meta.get("identity") == identity
+                and meta.get("token_count") == str(count))
 
     def views(self, exclude: set[str] = frozenset()) -> list[EntryView]:
         out = []
