@@ -9,11 +9,12 @@ import pytest
 
 from mtplx.bank.bank import BankConfig
 from mtplx.catalog import resolve
-from mtplx.chat import parse_reply, render
+from mtplx.chat import render
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.generation import Generation, StartPoint
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
+from mtplx.replay.live_agent import AgentSession
 from mtplx.synth.agent import Sizes, conversation
 from mtplx.synth.corpus import Corpus
 
@@ -27,22 +28,15 @@ def banked(request):
 
 def _agent_turns(engine, convo, turns: int):
     """Drive the engine like an agent: transcript user/tool messages, the model's own replies."""
-    tok = engine.checkpoint.tokenizer
-    msgs, tools = convo["messages"], convo["tools"]
-    sent, i, out = [msgs[0]], 1, []
-    while i < len(msgs) and len(out) < turns:
-        while i < len(msgs) and msgs[i]["role"] != "assistant":
-            sent.append(msgs[i])
-            i += 1
-        prompt = tuple(render(tok, sent, tools))
-        req = GenerationRequest(prompt, SamplingParams(max_tokens=120), chat={"messages": list(sent), "tools": tools},
-                                session="agent")
+    session, out = AgentSession("agent", convo), []
+    while len(out) < turns and (nxt := session.next_request(engine.checkpoint.tokenizer)) is not None:
+        prompt, chat = nxt
+        req = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=120), chat=chat, session="agent")
         fin = engine.submit(req).result()
         engine.settle()  # an agent's tool time: the render-ahead finishes
         outcome = engine.bank.outcomes.get(req.request_id) if engine.bank else None
         out.append((fin.token_ids, fin.cached_tokens, outcome))
-        sent.append(parse_reply(fin.text))
-        i += 1
+        session.reply(fin.text)
     return out
 
 

@@ -106,9 +106,3 @@ def rewind(cache: list, recurrent: list, drop: int) -> None:
         elif arrays is not None:
             layer.cache = list(arrays)
 
-
-def cache_length(cache: list) -> int:
-    for layer in cache:
-        if isinstance(layer, KVCache):
-            return layer.offset
-    return 0

@@ -22,8 +22,6 @@ class GenerationRequest:
     depth: int | None = None  # None: the engine's default depth
     session: str | None = None
     source: str = "api"  # "tui", "api", "replay", "cli"
-    message_ends: tuple[int, ...] = ()  # token offsets where complete messages end (for the bank)
-    head_end: int | None = None  # end of the system/tools head, when the prompt has one
     chat: dict | None = None  # {"messages", "tools", "enable_thinking"} when rendered from a chat
     arm: str | None = None  # the A/B arm a replay runs this under
     raw: str | None = None  # the request as the client sent it (kept in the receipt)
