@@ -184,6 +184,8 @@ def replay(
                                    "render-ahead, no-render-ahead, depth=N; join with +). Give two for an A/B."),
     pairs: int = typer.Option(1, "--pairs", min=1, help="With two arms: balanced pairs (AB, BA, ...)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Receipt file (never overwritten); default under $MTPLX_HOME/replays/."),
+    pause: float = typer.Option(0.0, "--pause", min=0.0, help="Seconds to wait between turns, as an agent does while "
+                                "its tools run (idle time a server may use; 0 = back to back)."),
 ) -> None:
     """Replay a frozen transcript's requests in order and write receipts (or compare two receipt files)."""
     from mtplx.replay.session import compare_files, run_replay
@@ -198,7 +200,7 @@ def replay(
                 typer.secho("output parity FAILED: the runs produced different outputs", fg="red", err=True)
                 raise typer.Exit(1)
             return
-        for path in run_replay(Path(target), base_url, model, arms, pairs, out, echo=typer.echo):
+        for path in run_replay(Path(target), base_url, model, arms, pairs, out, echo=typer.echo, pause_s=pause):
             typer.echo(f"receipt: {path}")
     except MtplxError as exc:
         _fail(exc)

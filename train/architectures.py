@@ -77,19 +77,32 @@ class TinyMTPModel(nn.Module):
             pos = pos[None].expand(3, -1, -1)
         return self.trunk.model.rotary_emb(x, pos), pos
 
-    def losses(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Next-token loss, MTP depth-1 loss (x[t+2]) and chained depth-2 loss (x[t+3])."""
+    def losses(self, ids: torch.Tensor, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Next-token loss, MTP depth-1 loss (x[t+2]) and chained depth-2 loss (x[t+3]).
+
+        `weights` (same shape as ids) weighs each *target* token; None weighs all alike.
+        """
         hidden = self.trunk.model(input_ids=ids).last_hidden_state
         head = self.trunk.lm_head
-        ce = nn.functional.cross_entropy
         vocab = self.config.vocab_size
-        main = ce(head(hidden[:, :-1]).reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        if weights is None:
+            weights = torch.ones(ids.shape)
+
+        def ce(states: torch.Tensor, shift: int) -> torch.Tensor:
+            """Weighted cross-entropy of `states` predicting ids[:, shift:]."""
+            n = ids.shape[1] - shift
+            losses = nn.functional.cross_entropy(head(states[:, :n]).reshape(-1, vocab), ids[:, shift:].reshape(-1),
+                                                 reduction="none")
+            w = weights[:, shift:].reshape(-1)
+            return (losses * w).sum() / w.sum()
+
+        main = ce(hidden, 1)
         embeds = self.trunk.model.embed_tokens(ids)
         n = ids.shape[1]
         rope, pos = self._rope(hidden, torch.arange(n - 1))
         m1 = self.mtp(hidden[:, :-1], embeds[:, 1:], rope, pos)
-        loss1 = ce(head(m1[:, :-1]).reshape(-1, vocab), ids[:, 2:].reshape(-1))
+        loss1 = ce(m1, 2)
         rope2, pos2 = self._rope(hidden, torch.arange(1, n - 1))
         m2 = self.mtp(m1[:, :-1], embeds[:, 2:], rope2, pos2)
-        loss2 = ce(head(m2[:, :-1]).reshape(-1, vocab), ids[:, 3:].reshape(-1))
+        loss2 = ce(m2, 3)
         return main, loss1, loss2

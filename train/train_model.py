@@ -31,7 +31,14 @@ from train.data import render_texts
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json"]
 
 
-def token_stream(tokenizer_dir: Path, seeds: range) -> torch.Tensor:
+def token_stream(tokenizer_dir: Path, seeds: range, assistant_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of the shuffled training texts, and a loss weight per token.
+
+    Tokens inside assistant turns weigh `assistant_weight`, everything else 1. Most tokens are
+    tool results (file contents, logs) the model only has to read; the assistant's own output
+    (reasoning, the `<tool_call>` JSON, the answer) is what it is judged on, so weighting it up
+    spends the gradient where well-formed tool calls are learnt.
+    """
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
@@ -40,7 +47,17 @@ def token_stream(tokenizer_dir: Path, seeds: range) -> torch.Tensor:
     ids: list[int] = []
     for enc in tok.encode_batch(texts):
         ids += enc.ids
-    return torch.tensor(ids, dtype=torch.long)
+    start, end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
+    assistant = tok.encode("assistant", add_special_tokens=False).ids
+    weights = [1.0] * len(ids)
+    inside = False
+    for i, token in enumerate(ids):
+        if token == start and ids[i + 1 : i + 1 + len(assistant)] == assistant:
+            inside = True
+        elif inside:
+            weights[i] = assistant_weight  # includes the closing <|im_end|>: stopping is output too
+            inside = token != end
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(weights)
 
 
 def export(model: TinyMTPModel, out: Path, tokenizer_dir: Path, meta: dict) -> None:
@@ -83,7 +100,8 @@ def load_export(model: TinyMTPModel, path: Path) -> None:
 def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    data = token_stream(args.tokenizer, range(args.seed * 100_000, args.seed * 100_000 + args.conversations))
+    data, weights = token_stream(args.tokenizer, range(args.seed * 100_000, args.seed * 100_000 + args.conversations),
+                                 args.assistant_weight)
     print(f"{args.kind}: {len(data):,} training tokens")
     model = TinyMTPModel(args.kind)
     if args.init is not None:
@@ -105,7 +123,7 @@ def train(args: argparse.Namespace) -> None:
             group["lr"] = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         starts = torch.randint(0, len(data) - args.seq - 1, (args.batch,), generator=gen)
         ids = torch.stack([data[s : s + args.seq] for s in starts])
-        main, mtp1, mtp2 = model.losses(ids)
+        main, mtp1, mtp2 = model.losses(ids, torch.stack([weights[s : s + args.seq] for s in starts]))
         (main + 0.5 * mtp1 + 0.25 * mtp2).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -118,6 +136,7 @@ def train(args: argparse.Namespace) -> None:
             export(model, args.out, args.tokenizer, {"step": step, "tokens": tokens, "seed": args.seed, "final": False})
             last_export = time.time()
     export(model, args.out, args.tokenizer, {"step": step, "tokens": tokens + args.prior_tokens, "seed": args.seed, "final": True,
+                                             "assistant_weight": args.assistant_weight,
                                              "continued_from_tokens": args.prior_tokens,
                                              "loss": main.item(), "mtp1_loss": mtp1.item(), "mtp2_loss": mtp2.item()})
     print(f"{args.kind}: done, {tokens:,} tokens in {time.time() - start:.0f}s")
@@ -136,6 +155,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--assistant-weight", type=float, default=1.0,
+                        help="Loss weight of tokens inside assistant turns (others weigh 1).")
     parser.add_argument("--init", type=Path, help="Continue from this exported model directory.")
     parser.add_argument("--prior-tokens", type=int, default=0, help="Tokens the --init model was trained on (recorded).")
     train(parser.parse_args())

@@ -3,6 +3,11 @@
 TTFT is taken to the first generated delta (role-only chunks do not count) and, separately, to
 the first visible content (null for tool-only answers). A stream that ends without a finish
 reason or `[DONE]`, carries an error frame, or lacks usage is rejected: its numbers would lie.
+
+The output hash is of the answer's meaning, not its wire form, so two servers that generated the
+same tokens agree: reasoning and content with outer whitespace stripped (servers differ in which
+newlines around `<think>` they keep), and tool calls as name + arguments parsed and re-dumped with
+sorted keys (call ids are random; argument JSON spacing is the server's choice).
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ def stream_turn(client: httpx.Client, base_url: str, body: dict, headers: dict) 
     body = dict(body, stream=True, stream_options={"include_usage": True})
     started = time.perf_counter()
     first = visible = None
-    finish, usage, done, pieces = None, None, False, []
+    finish, usage, done = None, None, False
+    reasoning, content, calls = [], [], {}
     with client.stream("POST", base_url.rstrip("/") + "/v1/chat/completions", json=body, headers=headers) as r:
         if r.status_code != 200:
             raise ReplayRejected(f"server answered {r.status_code}: {r.read().decode(errors='replace')[:300]}")
@@ -61,16 +67,27 @@ def stream_turn(client: httpx.Client, base_url: str, body: dict, headers: dict) 
                     first = time.perf_counter() - started
                 if delta.get("content") and visible is None:
                     visible = time.perf_counter() - started
-                for call in delta.get("tool_calls") or []:  # ids are random: only name and arguments count
+                for n, call in enumerate(delta.get("tool_calls") or []):
                     fn = call.get("function") or {}
-                    pieces.append((fn.get("name") or "") + (fn.get("arguments") or ""))
-                pieces.append((delta.get("reasoning_content") or "") + (delta.get("content") or ""))
+                    name, args = calls.setdefault(call.get("index", n), ["", ""])
+                    calls[call.get("index", n)] = [name + (fn.get("name") or ""), args + (fn.get("arguments") or "")]
+                reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+                content.append(delta.get("content") or "")
                 finish = choice.get("finish_reason") or finish
     if not done or finish is None:
         raise ReplayRejected("incomplete stream: it ended without a finish reason and [DONE]")
     if not usage or "prompt_tokens" not in usage:
         raise ReplayRejected("the response carries no usage (stream_options.include_usage was asked for)")
     cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
-    text = "".join(pieces)
+    answer = {"reasoning": "".join(reasoning).strip(), "content": "".join(content).strip(),
+              "tool_calls": [[name, _canonical(args)] for _, (name, args) in sorted(calls.items())]}
+    text = json.dumps(answer, ensure_ascii=False, sort_keys=True)
     return TurnResult(usage["prompt_tokens"], cached, usage.get("completion_tokens", 0), first, visible,
                       time.perf_counter() - started, finish, hashlib.sha256(text.encode()).hexdigest(), text)
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False)
+    except json.JSONDecodeError:
+        return arguments.strip()

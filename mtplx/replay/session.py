@@ -22,7 +22,7 @@ def arm_order(arms: list[str], pairs: int) -> list[str]:
 
 
 def run_replay(path: Path, base_url: str | None, model: str, arms: list[str], pairs: int, out: Path | None,
-               echo: Callable[[str], None] = print) -> list[Path]:
+               echo: Callable[[str], None] = print, pause_s: float = 0.0) -> list[Path]:
     from transformers import AutoTokenizer
 
     from mtplx.catalog import resolve
@@ -46,7 +46,7 @@ def run_replay(path: Path, base_url: str | None, model: str, arms: list[str], pa
                 engine, server = serve_in_process(model, arm)
                 url = server.url
             receipt = replay(transcript, url, run_id=run_id, arm=arm or None, tokenizer=tokenizer, model=model,
-                             store=store, echo=echo)
+                             store=store, echo=echo, pause_s=pause_s)
         finally:
             if server is not None:
                 server.stop()
