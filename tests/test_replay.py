@@ -112,3 +112,36 @@ def test_in_process_replay_restores_warm_turns(tmp_path):
     receipt = json.loads(paths[0].read_text())
     warm = receipt["turns"][1:]
     assert receipt["turns"][0]["cached_tokens"] == 0 and all(t["ratio"] == 1.0 for t in warm)
+
+
+def _sse_client(deltas: list[dict], finish: str) -> "httpx.Client":
+    import httpx
+
+    def handler(request):
+        frames = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        frames.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        frames.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+        body = "".join(f"data: {json.dumps(f)}\n\n" for f in frames) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    return httpx.Client(transport=httpx.MockTransport(handler))
+
+
+def test_output_hash_is_of_meaning_not_wire_form():
+    """Two servers that generated the same tokens agree; a different answer does not."""
+    from mtplx.replay.client import stream_turn
+
+    def digest(deltas, finish="tool_calls"):
+        with _sse_client(deltas, finish) as client:
+            return stream_turn(client, "http://x", BODY, {}).output_sha256
+
+    call = lambda id_, args: {"tool_calls": [{"index": 0, "id": id_, "type": "function",
+                                              "function": {"name": "read_file", "arguments": args}}]}
+    ours = digest([{"reasoning_content": "look first"}, call("call_0", '{"path": "a.py", "n": 1}')])
+    theirs = digest([{"reasoning": "\nlook first\n"}, {"content": "\n\n"}, call("9f2c", '{"n":1,"path":"a.py"}')])
+    assert ours == theirs
+    assert ours != digest([{"reasoning_content": "look first"}, call("call_0", '{"path": "b.py", "n": 1}')])
+    # Cut by the token limit inside a tool call: one server shows the partial call, one drops it.
+    partial = digest([{"content": "ok <tool_call>\n{\"name\": \"re"}], "length")
+    assert partial == digest([{"content": "ok "}], "length")
+    assert partial != digest([{"content": "ok <tool_call>\n{\"name\": \"re"}], "stop")

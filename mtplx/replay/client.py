@@ -7,7 +7,9 @@ reason or `[DONE]`, carries an error frame, or lacks usage is rejected: its numb
 The output hash is of the answer's meaning, not its wire form, so two servers that generated the
 same tokens agree: reasoning and content with outer whitespace stripped (servers differ in which
 newlines around `<think>` they keep), and tool calls as name + arguments parsed and re-dumped with
-sorted keys (call ids are random; argument JSON spacing is the server's choice).
+sorted keys (call ids are random; argument JSON spacing is the server's choice). A tool call left
+unterminated by the token limit is dropped by some servers and shown as text by others, so the
+hash ignores content from an unclosed `<tool_call>` on when the finish reason is "length".
 """
 
 from __future__ import annotations
@@ -79,7 +81,10 @@ def stream_turn(client: httpx.Client, base_url: str, body: dict, headers: dict) 
     if not usage or "prompt_tokens" not in usage:
         raise ReplayRejected("the response carries no usage (stream_options.include_usage was asked for)")
     cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
-    answer = {"reasoning": "".join(reasoning).strip(), "content": "".join(content).strip(),
+    shown = "".join(content)
+    if finish == "length" and shown.rfind("<tool_call>") > shown.rfind("</tool_call>"):
+        shown = shown[: shown.rfind("<tool_call>")]
+    answer = {"reasoning": "".join(reasoning).strip(), "content": shown.strip(),
               "tool_calls": [[name, _canonical(args)] for _, (name, args) in sorted(calls.items())]}
     text = json.dumps(answer, ensure_ascii=False, sort_keys=True)
     return TurnResult(usage["prompt_tokens"], cached, usage.get("completion_tokens", 0), first, visible,
