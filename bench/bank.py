@@ -1,6 +1,6 @@
 """Session-bank benchmark: replay agent conversations, with and without the bank, side by side.
 
-    python bench/bank.py [--models tiny-dense tiny-hybrid] [--quick]
+    python bench/bank.py [--models tiny-dense tiny-hybrid] [--quick] [--peer mlx-lm [--only-peer]]
 
 Each scenario drives the model like an agent (transcript tool results and user messages, the
 model's own replies) through two engines in one process: one with the session bank, one cold.
@@ -10,6 +10,10 @@ TTFT / the warm prefill of the un-restored suffix alone) and output parity. Afte
 the banked engine is stopped (flushing its bank to SSD), a fresh one opens the same directory and
 repeats the last turn: the after-restart table shows what it restored from SSD and its TTFT vs
 cold. It also prints the anchor planner's p50 at 32 / 128 / 512 messages.
+
+With `--peer mlx-lm` the same scenarios also run over HTTP against mtplx's server and a fresh
+`mlx_lm.server` serving the same weights, with identical request bodies, and a side-by-side table
+of cached tokens, ratio and TTFT per warm turn is printed (bench/bank_peer.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mtplx.bank.anchors import Markers, as_tokens, prompt_anchors  # noqa: E402
 from mtplx.bank.bank import BankConfig  # noqa: E402
@@ -152,7 +157,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny-dense", "tiny-hybrid"])
     parser.add_argument("--quick", action="store_true", help="Shorter tool results (for a fast look).")
+    parser.add_argument("--peer", choices=["mlx-lm"], help="Also run every scenario against this server, side by side.")
+    parser.add_argument("--only-peer", action="store_true", help="With --peer: skip the in-process tables.")
+    parser.add_argument("--peer-arm", action="append", default=[""],
+                        help="With --peer: also run mtplx under this setting (e.g. no-mtp), repeatable.")
     args = parser.parse_args()
+    if args.peer:
+        import bank_peer
+
+        peer_rows: list[dict] = []
+        for model in args.models:
+            for arm in args.peer_arm:
+                for name, sessions, order, config in scenarios(args.quick):
+                    bank_peer.run_scenario(name, sessions, order, config, model, peer_rows, arm)
+        bank_peer.print_table(peer_rows)
+        if args.only_peer:
+            return
     rows: list[dict] = []
     restarts: list[dict] = []
     for model in args.models:

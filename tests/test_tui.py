@@ -24,10 +24,11 @@ def _turn(rid: str, prompt: int, cached: int, text: str, drafted: list[int], acc
             Finished(rid, "stop", prompt, 40, cached, text, (1,), stats.as_dict())]
 
 
-BANK = [{"session": "tui", "tokens": 740, "bytes": 3_100_000, "hits": 1, "checkpoints": [37, 620, 699],
-         "anchors": [(37, "head"), (60, "message"), (619, "prompt_end"), (661, "generation_end"), (700, "message")]},
-        {"session": "agent-1", "tokens": 662, "bytes": 2_700_000, "hits": 0, "checkpoints": [37],
-         "anchors": [(37, "head"), (60, "message"), (619, "prompt_end"), (661, "generation_end")]}]
+BANK = [{"id": "e_1", "session": "tui", "tokens": 740, "bytes": 3_100_000, "hits": 1, "checkpoints": [37, 620, 699],
+         "anchors": [(37, "head"), (60, "message"), (619, "prompt_end"), (661, "generation_end"), (700, "message")],
+         "last_restore": 650},
+        {"id": "e_2", "session": "agent-1", "tokens": 662, "bytes": 2_700_000, "hits": 0, "checkpoints": [37],
+         "anchors": [(37, "head"), (60, "message"), (619, "prompt_end"), (661, "generation_end")], "last_restore": None}]
 
 
 def app_with(*, server_url="http://127.0.0.1:8080"):
@@ -38,9 +39,7 @@ def test_empty_dashboard(snap_compare):
     assert snap_compare(app_with(), terminal_size=SIZE)
 
 
-def test_dashboard_with_turns_and_anchors(snap_compare):
-    app = app_with()
-
+def _busy_dashboard(app):
     async def run_before(pilot):
         chat = app.dashboard.query_one("#chat")
         app.chat_request = "r1"
@@ -56,7 +55,19 @@ def test_dashboard_with_turns_and_anchors(snap_compare):
         await pilot.pause()
         await pilot.pause(0.2)  # the table sizes its columns on idle
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    return run_before
+
+
+def test_dashboard_with_turns_and_anchors(snap_compare):
+    """Turns with ratio and shortfall, the TTFT/ratio chart, the bank with the selected entry's
+    anchor map (last restore highlighted), live acceptance of the last request."""
+    app = app_with()
+    assert snap_compare(app, terminal_size=SIZE, run_before=_busy_dashboard(app))
+
+
+def test_dashboard_in_80x24(snap_compare):
+    app = app_with()
+    assert snap_compare(app, terminal_size=(80, 24), run_before=_busy_dashboard(app))
 
 
 def test_error_notice(snap_compare):
@@ -139,3 +150,50 @@ async def _flow(dense_engine):
         assert type(app.screen).__name__ == "ReplayScreen"
         await pilot.press("escape")
         assert app.screen is app.dashboard
+
+
+def test_flow_replay_steps_turn_by_turn(tmp_path):
+    """Pilot: pick a transcript, step it with `n`: each step adds one turn; the second (warm) turn
+    restores from the bank with a ratio of 1."""
+    import asyncio
+
+    from mtplx.replay.transcript import Transcript, Turn
+
+    system = "You are a terse coding agent. " + " ".join(f"Rule {i}: keep answers short and exact." for i in range(20))
+    first = [{"role": "system", "content": system}, {"role": "user", "content": "Name a prime number."}]
+    second = first + [{"role": "assistant", "content": "Seven."}, {"role": "user", "content": "And another?"}]
+    transcript = Transcript("steps", "two turns", (Turn("s1", {"messages": first, "max_tokens": 8}),
+                                                     Turn("s1", {"messages": second, "max_tokens": 8})))
+    (tmp_path / "steps.json").write_text(transcript.to_json())
+    from mtplx.bank.bank import BankConfig
+    from mtplx.catalog import resolve
+    from mtplx.engine.engine import Engine, EngineConfig
+
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
+    try:
+        asyncio.run(_replay_flow(engine, tmp_path))
+    finally:
+        engine.stop()
+
+
+async def _replay_flow(engine, folder):
+    from tui.screens.replay import ReplayScreen
+
+    app = MtplxApp(engine=engine, model_name="tiny-dense", max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = ReplayScreen(folder)
+        await app.push_screen(screen)
+        await pilot.pause()
+        screen.query_one("#files").index = 0
+        await pilot.press("enter")
+        table = screen.query_one("#replay-turns")
+        for expected in (1, 2):
+            await pilot.press("n")
+            for _ in range(400):
+                await pilot.pause(0.05)
+                if table.row_count == expected and not screen.busy:
+                    break
+            assert table.row_count == expected
+        warm = table.get_row_at(1)
+        assert warm[6] in ("ram", "ssd") and warm[5] == "1.000", warm
+        assert "turn 2/2 done" in str(screen.query_one("#replay-status").render())

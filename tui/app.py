@@ -14,7 +14,7 @@ from textual import on, work
 from textual.app import App
 from textual.widgets import Input, RichLog, Static
 
-from mtplx.events import BankDecision, Failed, Finished, FirstToken, PrefillProgress, Queued, Restored, Tokens
+from mtplx.events import BankDecision, DraftVerified, Failed, Finished, FirstToken, PrefillProgress, Queued, Restored, Tokens
 from tui.messages import BankChanged, EngineEventArrived
 from tui.screens.dashboard import Dashboard
 from tui.screens.help import HelpScreen
@@ -24,6 +24,7 @@ from tui.widgets.acceptance import AcceptancePanel
 from tui.widgets.bank import BankTable
 from tui.widgets.chat import ChatView
 from tui.widgets.inflight import InFlight
+from tui.widgets.turn_chart import TurnChart
 from tui.widgets.turns import TurnTable
 
 SYSTEM = "You are a careful coding agent. Think before you act."
@@ -158,9 +159,12 @@ class MtplxApp(App):
             status.update(f"first token after {event.ttft_s:.3f}s")
         elif isinstance(event, Tokens) and ours:
             self.dashboard.query_one(ChatView).stream(event.text)
+        elif isinstance(event, DraftVerified):
+            self.dashboard.query_one(AcceptancePanel).verified(event)
         elif isinstance(event, Finished):
-            self.dashboard.query_one(TurnTable).add_turn(event, self.sources.pop(event.request_id, "api"))
-            self.dashboard.query_one(AcceptancePanel).add(event.stats)
+            ratio = self.dashboard.query_one(TurnTable).add_turn(event, self.sources.pop(event.request_id, "api"))
+            self.dashboard.query_one(TurnChart).add(event.stats.get("ttft_s"), ratio)
+            self.dashboard.query_one(AcceptancePanel).add(event.stats, event.request_id)
             if ours:
                 from mtplx.chat import parse_reply
 

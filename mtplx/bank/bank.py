@@ -89,7 +89,7 @@ class SessionBank:
         """Plain data about every entry (for the TUI and the API; call on the engine thread)."""
         return [{"id": e.entry_id, "session": e.session, "tokens": len(e.tokens), "bytes": e.nbytes, "hits": e.hits,
                  "checkpoints": sorted(e.checkpoints), "anchors": [(a.position, a.kind) for a in e.anchors],
-                 "mtp": e.mtp is not None, "age_s": time.time() - e.created}
+                 "mtp": e.mtp is not None, "age_s": time.time() - e.created, "last_restore": e.last_restore}
                 for e in sorted(self.entries.values(), key=lambda e: -e.last_used)]
 
     # -- plan + restore ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ class Entry:
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     hits: int = 0
+    last_restore: int | None = None  # the position the latest restore from this entry cut at
     token_array: object = None  # the tokens as an int array, made once for the planner
 
     def __post_init__(self):
@@ -75,6 +76,7 @@ class Entry:
             if keep == position - 1:  # the entry's end: rebuild pair (h[p-1], x[p]) from the kept hidden
                 pending = self.last_hidden
         self.hits += 1
+        self.last_restore = position
         self.last_used = time.monotonic()
         return TurnState(trunk, mtp, list(self.tokens[:position]), position, mtp_pending=pending)
 

@@ -38,7 +38,8 @@ class TurnResult:
     total_s: float
     finish_reason: str
     output_sha256: str
-    text: str
+    text: str  # the canonical answer the hash is of (JSON)
+    message: dict  # the assistant message as received, for a client to send back
 
 
 def stream_turn(client: httpx.Client, base_url: str, body: dict, headers: dict) -> TurnResult:
@@ -87,8 +88,14 @@ def stream_turn(client: httpx.Client, base_url: str, body: dict, headers: dict) 
     answer = {"reasoning": "".join(reasoning).strip(), "content": shown.strip(),
               "tool_calls": [[name, _canonical(args)] for _, (name, args) in sorted(calls.items())]}
     text = json.dumps(answer, ensure_ascii=False, sort_keys=True)
+    message = {"role": "assistant", "content": "".join(content)}
+    if "".join(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+                                 for i, (name, args) in sorted(calls.items())]
     return TurnResult(usage["prompt_tokens"], cached, usage.get("completion_tokens", 0), first, visible,
-                      time.perf_counter() - started, finish, hashlib.sha256(text.encode()).hexdigest(), text)
+                      time.perf_counter() - started, finish, hashlib.sha256(text.encode()).hexdigest(), text, message)
 
 
 def _canonical(arguments: str) -> str:

@@ -1,5 +1,6 @@
-"""The main screen: chat on the left; turns, bank, acceptance, requests in flight and the bank's
-decision log on the right."""
+"""The main screen: chat on the left; turns (table + TTFT/ratio chart), bank (entries + the
+selected entry's anchor map), acceptance, requests in flight and the bank's decision log on the
+right."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, RichLog, Static
 
 from tui.widgets.acceptance import AcceptancePanel
+from tui.widgets.anchor_map import AnchorMap
 from tui.widgets.bank import BankTable
 from tui.widgets.chat import ChatView
 from tui.widgets.inflight import InFlight
+from tui.widgets.turn_chart import TurnChart
 from tui.widgets.turns import TurnTable
 
 
@@ -30,7 +33,9 @@ class Dashboard(Screen):
                 yield Input(placeholder=placeholder, id="prompt", disabled=bool(self.attach_url))
             with Vertical(id="right"):
                 yield TurnTable(id="turns")
+                yield TurnChart(id="chart")
                 yield BankTable(id="bank")
+                yield AnchorMap(id="anchor-map")
                 with Horizontal(id="lower"):
                     yield AcceptancePanel(id="acceptance")
                     with Vertical(id="side"):
@@ -41,6 +46,14 @@ class Dashboard(Screen):
         yield Static(endpoint, id="endpoint")
         yield Static("idle", id="status")
         yield Footer()
+
+    def on_resize(self) -> None:
+        # Below 120 columns the right side keeps what explains a turn (turns, chart, bank, anchor
+        # map, acceptance) and drops the requests-in-flight and decision-log boxes.
+        self.set_class(self.size.width < 120, "-narrow")
+
+    def on_bank_table_selected(self, message: BankTable.Selected) -> None:
+        self.query_one(AnchorMap).show(message.entry)
 
     def on_mount(self) -> None:
         self.query_one("#log", RichLog).border_title = "bank decisions"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual.message import Message
 from textual.widgets import DataTable
 
 GLYPH = {"head": "H", "message": "M", "prompt_end": "P", "generation_end": "G", "grid": "#"}
@@ -22,6 +23,10 @@ def anchor_strip(length: int, anchors: list[tuple[int, str]], checkpoints: list[
 
 
 class BankTable(DataTable):
+    """Rows in most-recently-used order; the highlighted row's entry is drawn by the AnchorMap."""
+
+    entries: list[dict] = []
+
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.border_title = "bank: H head  M message  P prompt end  G generation end  | checkpoint"
@@ -29,7 +34,29 @@ class BankTable(DataTable):
             self.add_column(label, width=width)
 
     def show(self, entries: list[dict]) -> None:
+        keep = self.selected()
+        self.entries = entries
         self.clear()
         for e in entries:
             self.add_row(str(e["session"] or "-")[:12], str(e["tokens"]), f"{e['bytes'] / 1024:.0f}", str(e["hits"]),
-                         anchor_strip(e["tokens"], e["anchors"], e["checkpoints"]))
+                         anchor_strip(e["tokens"], e["anchors"], e["checkpoints"]), key=e["id"])
+        ids = [e["id"] for e in entries]
+        if keep is not None and keep["id"] in ids:  # the selection follows its entry, not its row
+            self.move_cursor(row=ids.index(keep["id"]))
+        self.post_message(self.Selected(self.selected()))
+
+    def selected(self) -> dict | None:
+        if not self.entries or not (0 <= self.cursor_row < len(self.entries)):
+            return None
+        return self.entries[self.cursor_row]
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        self.post_message(self.Selected(self.selected()))
+
+    class Selected(Message):
+        """The entry the anchor map should draw (None when the bank is empty)."""
+
+        def __init__(self, entry: dict | None) -> None:
+            super().__init__()
+            self.entry = entry

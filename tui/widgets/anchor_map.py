@@ -1,0 +1,58 @@
+"""The selected bank entry drawn to scale: its anchors by kind, recurrent checkpoints, and where
+the latest restore from it cut (highlighted)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.widgets.bank import GLYPH
+
+STYLE = {"head": "bold magenta", "message": "bold cyan", "prompt_end": "bold yellow", "generation_end": "bold green",
+         "grid": "dim"}
+
+
+def anchor_map(entry: dict, width: int) -> Text:
+    """Two lines: the bar (anchors, '|' checkpoints, the restore point reverse-highlighted), and a
+    scale with the entry's length and the restore position."""
+    length = max(entry["tokens"], 1)
+    scale = lambda p: min(width - 1, p * width // length)
+    cells: list[tuple[str, str]] = [("─", "dim")] * width
+    for p in entry["checkpoints"]:
+        cells[scale(p)] = ("|", "")
+    for p, kind in entry["anchors"]:
+        if p <= length:
+            cells[scale(p)] = (GLYPH.get(kind, "?"), STYLE.get(kind, ""))
+    restore = entry.get("last_restore")
+    text = Text()
+    for i, (glyph, style) in enumerate(cells):
+        if restore is not None and i == scale(restore):
+            text.append("▼" if glyph == "─" else glyph, style="reverse bold red")
+        else:
+            text.append(glyph, style=style)
+    where = f"last restore at {restore}" if restore is not None else "never restored"
+    text.append(f"\n0{'':<{max(width - 2 - len(str(length)), 1)}}{length}\n")
+    text.append(f"{entry['session'] or '-'}: {entry['tokens']} tokens, {len(entry['anchors'])} anchors, "
+                f"{len(entry['checkpoints'])} checkpoints, {where}", style="dim")
+    return text
+
+
+class AnchorMap(Static):
+    entry: dict | None = None
+
+    def on_mount(self) -> None:
+        self.border_title = "anchor map (select an entry)"
+        self.update("no entry selected")
+
+    def show(self, entry: dict | None) -> None:
+        self.entry = entry
+        self.refresh_map()
+
+    def on_resize(self) -> None:
+        self.refresh_map()
+
+    def refresh_map(self) -> None:
+        if self.entry is None:
+            self.update("no entry selected")
+        else:
+            self.update(anchor_map(self.entry, max(self.content_size.width, 16)))
