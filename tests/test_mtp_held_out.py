@@ -1,8 +1,12 @@
-"""MTP changes speed, never output: 20 held-out prompts x 256 tokens, depths 1-3, both models;
-sampled MTP matches AR's distribution end to end; a failing request does not stop the engine."""
+"""MTP changes speed, never output: held-out prompts x 256 tokens, depths 1-3, both models;
+sampled MTP matches AR's distribution end to end; a failing request does not stop the engine.
+
+The suite runs 8 held-out prompts (a 2-core CI budget); MTPLX_HELD_OUT_PROMPTS=20 runs the full
+set the engine was accepted on (0 divergences, 0 near-ties; ~14 min on 2 cores)."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -14,6 +18,7 @@ from mtplx.synth.agent import Sizes, conversation
 from mtplx.synth.corpus import Corpus
 
 HELD_OUT = 7_000_000  # disjoint from training (100k+, 200k+), tokenizer (1M+) and bench seeds
+PROMPTS = int(os.environ.get("MTPLX_HELD_OUT_PROMPTS", "8"))
 
 
 def held_out_prompts(tokenizer, n=20):
@@ -26,7 +31,7 @@ def held_out_prompts(tokenizer, n=20):
 
 
 def test_mtp_greedy_equals_ar_on_held_out_prompts(engine):
-    prompts = held_out_prompts(engine.checkpoint.tokenizer)
+    prompts = held_out_prompts(engine.checkpoint.tokenizer, PROMPTS)
     near_ties = 0
     for prompt in prompts:
         ar = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=256, ignore_eos=True), use_mtp=False)).result()
