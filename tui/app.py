@@ -149,7 +149,7 @@ class MtplxApp(App):
             self.sources[event.request_id] = getattr(event.request, "source", "api")
         elif isinstance(event, Restored):
             self.dashboard.query_one(TurnTable).note_restore(event)
-            ceiling = f" of ceiling {event.ceiling}" if event.ceiling is not None else ""
+            ceiling = f" of ceiling {event.ceiling}" if event.ceiling else ""
             why = f" — {event.shortfall}" if event.shortfall else ""
             status.update(f"prompt {event.prompt_tokens} tokens, {event.cached_tokens} restored{ceiling} "
                           f"({event.source}{', ' + event.anchor if event.anchor else ''}){why}")

@@ -105,8 +105,11 @@ def plan_restore(prompt, anchors: list[Anchor], entries: list[EntryView], identi
     note = None
     if chosen is not None and position < best_match - 1 and best_match < len(prompt):
         note = f"no restorable state between {position} and the match at {best_match}"
-    return RestorePlan(chosen.entry_id if chosen else None, position, chosen.anchor_at(position) if chosen else None,
-                       best_match, captures, note)
+    kind = None
+    if chosen is not None:  # what the restore point is: an anchor, else a captured checkpoint (recurrent
+        # state exists only there) or, attention-only, simply the longest common prefix
+        kind = chosen.anchor_at(position) or ("checkpoint" if recurrent else "prefix")
+    return RestorePlan(chosen.entry_id if chosen else None, position, kind, best_match, captures, note)
 
 
 def superseded(new: EntryView, entries: list[EntryView]) -> list[str]:

@@ -22,6 +22,11 @@ def anchor_strip(length: int, anchors: list[tuple[int, str]], checkpoints: list[
     return "".join(cells)
 
 
+def short(name: str, width: int) -> str:
+    """Head and tail of a long session name (replay sessions differ only at the end)."""
+    return name if len(name) <= width else name[: width // 2 - 1] + "…" + name[-(width - width // 2):]
+
+
 class BankTable(DataTable):
     """Rows in most-recently-used order; the highlighted row's entry is drawn by the AnchorMap."""
 
@@ -38,11 +43,13 @@ class BankTable(DataTable):
         self.entries = entries
         self.clear()
         for e in entries:
-            self.add_row(str(e["session"] or "-")[:12], str(e["tokens"]), f"{e['bytes'] / 1024:.0f}", str(e["hits"]),
+            self.add_row(short(str(e["session"] or "-"), 12), str(e["tokens"]), f"{e['bytes'] / 1024:.0f}", str(e["hits"]),
                          anchor_strip(e["tokens"], e["anchors"], e["checkpoints"]), key=e["id"])
         ids = [e["id"] for e in entries]
-        if keep is not None and keep["id"] in ids:  # the selection follows its entry, not its row
+        if self.has_focus and keep is not None and keep["id"] in ids:  # being browsed: follow the entry
             self.move_cursor(row=ids.index(keep["id"]))
+        else:  # watching: show the entry the latest restore came from (MRU order), else the newest
+            self.move_cursor(row=next((i for i, e in enumerate(entries) if e.get("last_restore") is not None), 0))
         self.post_message(self.Selected(self.selected()))
 
     def selected(self) -> dict | None:
