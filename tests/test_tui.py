@@ -154,7 +154,7 @@ async def _flow(dense_engine):
 
 def test_flow_replay_steps_turn_by_turn(tmp_path):
     """Pilot: pick a transcript, step it with `n`: each step adds one turn; the second (warm) turn
-    restores from the bank with a ratio of 1."""
+    restores from the bank with a ratio of 1; `c` replays it under bank on/off and shows the compare."""
     import asyncio
 
     from mtplx.replay.transcript import Transcript, Turn
@@ -197,3 +197,10 @@ async def _replay_flow(engine, folder):
         warm = table.get_row_at(1)
         assert warm[6] in ("ram", "ssd") and warm[5] == "1.000", warm
         assert "turn 2/2 done" in str(screen.query_one("#replay-status").render())
+        await pilot.press("c")  # the same transcript under bank / no-bank, fresh engines, compared
+        for _ in range(1200):
+            await pilot.pause(0.05)
+            if "arms compared" in str(screen.query_one("#replay-status").render()):
+                break
+        compared = str(screen.query_one("#replay-compare").render())
+        assert "outputs identical" in compared and "cached A" in compared, compared

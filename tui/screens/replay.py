@@ -16,7 +16,9 @@ COLUMNS = ("turn", "session", "prompt", "ceiling", "cached", "ratio", "source", 
 
 
 class ReplayScreen(Screen):
-    BINDINGS = [("n", "next_turn", "Next turn"), ("a", "run_all", "Run all"), ("escape", "app.pop_screen", "Back")]
+    BINDINGS = [("n", "next_turn", "Next turn"), ("a", "run_all", "Run all"),
+                ("c", "compare_arms", "Compare bank on/off"), ("escape", "app.pop_screen", "Back")]
+    ARMS = ("bank", "no-bank")
 
     def __init__(self, folder: Path = SAMPLES):
         super().__init__()
@@ -31,8 +33,10 @@ class ReplayScreen(Screen):
             with Vertical(id="picker"):
                 yield ListView(*[ListItem(Static(f.stem)) for f in self.files], id="files")
             with Vertical(id="replay-main"):
-                yield Static("pick a transcript, then n = next turn, a = run all", id="replay-status")
+                yield Static("pick a transcript, then n = next turn, a = run all, c = compare bank on/off",
+                             id="replay-status")
                 yield DataTable(id="replay-turns", cursor_type="row")
+                yield Static("", id="replay-compare")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -81,6 +85,31 @@ class ReplayScreen(Screen):
                 finished = event if kind == "Finished" else finished
             engine.settle()  # an agent's tool time: render-ahead completes before the next turn
             self.app.call_from_thread(self.add_turn, i, turn.session, restored, finished)
+        self.busy = False
+
+    def action_compare_arms(self) -> None:
+        if self.transcript is not None and not self.busy:
+            self.busy = True
+            self.status(f"{self.transcript.name}: replaying under arms {' and '.join(self.ARMS)} (fresh engine each)…")
+            self.compare_arms(self.files[self.query_one("#files", ListView).index or 0])
+
+    @work(thread=True, exclusive=True)
+    def compare_arms(self, path: Path) -> None:
+        """The transcript under two arms, each on a fresh engine and bank (as `mtplx replay --arm`
+        does), then the per-turn compare: cached tokens, TTFT, output parity."""
+        from mtplx.errors import MtplxError
+        from mtplx.replay.session import compare_files, run_replay
+
+        try:
+            paths = run_replay(path, None, self.app.model_name or "tiny-dense", list(self.ARMS), 1, None,
+                               echo=lambda line: self.app.call_from_thread(self.status, line))
+            table, parity = compare_files(paths[0], paths[1])
+            verdict = "outputs identical" if parity else "OUTPUTS DIFFER"
+            text = f"A = {self.ARMS[0]}, B = {self.ARMS[1]} — {verdict}\n{table}"
+        except MtplxError as exc:
+            text = f"compare failed: {exc}"
+        self.app.call_from_thread(self.query_one("#replay-compare", Static).update, text)
+        self.app.call_from_thread(self.status, f"{self.transcript.name}: arms compared")
         self.busy = False
 
     def add_turn(self, i: int, session: str, restored, finished) -> None:
