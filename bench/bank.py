@@ -98,7 +98,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows, restarts):
             if outcome.ceiling is None or turn == 0 or first_of_session:
                 s.reply(fin_w.text)
                 continue  # a session's first turn with a head never seen is cold by construction
-            ratio = outcome.achieved / outcome.ceiling if outcome.ceiling else None
+            ratio = min(outcome.achieved, outcome.ceiling) / outcome.ceiling if outcome.ceiling else None
             prefill_s = fin_w.stats["prefill_s"] or 1e-9
             rows.append(dict(model=model, scenario=name, session=s.name, prompt=len(prompt), ceiling=outcome.ceiling,
                              achieved=outcome.achieved, ratio=ratio, source=outcome.source, anchor=outcome.anchor,
