@@ -21,6 +21,7 @@ class GenerationStats:
     accepted_by_segment: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
     tokens_by_segment: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
     prefill_s: float = 0.0
+    mtp_prefill_s: float = 0.0  # the MTP head's KV over the prompt, computed after the first token
     draft_s: float = 0.0
     verify_s: float = 0.0
     sample_s: float = 0.0
