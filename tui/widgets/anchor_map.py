@@ -13,8 +13,8 @@ STYLE = {"head": "bold magenta", "message": "bold cyan", "prompt_end": "bold yel
 
 
 def anchor_map(entry: dict, width: int) -> Text:
-    """Two lines: the bar (anchors, '|' checkpoints, the restore point reverse-highlighted), and a
-    scale with the entry's length and the restore position."""
+    """Three lines: the bar (anchors, '|' checkpoints, the restore point reverse-highlighted), a
+    scale with the entry's length and a caret under the restore point, and a summary."""
     length = max(entry["tokens"], 1)
     scale = lambda p: min(width - 1, p * width // length)
     cells: list[tuple[str, str]] = [("─", "dim")] * width
@@ -30,10 +30,20 @@ def anchor_map(entry: dict, width: int) -> Text:
             text.append("▼" if glyph == "─" else glyph, style="reverse bold red")
         else:
             text.append(glyph, style=style)
-    where = f"last restore at {restore}" if restore is not None else "never restored"
-    text.append(f"\n0{'':<{max(width - 2 - len(str(length)), 1)}}{length}\n")
-    text.append(f"{entry['session'] or '-'}: {entry['tokens']} tokens, {len(entry['anchors'])} anchors, "
-                f"{len(entry['checkpoints'])} checkpoints, {where}", style="dim")
+    # The scale line: 0, the entry's length, and a caret under the restore point (visible without
+    # colour too, e.g. in a plain-text capture).
+    scale_line = [" "] * width
+    scale_line[0] = "0"
+    end_label = str(length)
+    scale_line[width - len(end_label):] = list(end_label)
+    if restore is not None:  # kept clear of the two labels
+        scale_line[min(max(scale(restore), 1), width - len(end_label) - 1)] = "▲"
+    text.append("\n")
+    for ch in scale_line:
+        text.append(ch, style="reverse bold red" if ch == "▲" else "")
+    where = f"restored up to {restore} (▲)" if restore is not None else "never restored"
+    text.append(f"\n{entry['session'] or '-'}: {where}; {entry['tokens']} tokens, {len(entry['anchors'])} anchors, "
+                f"{len(entry['checkpoints'])} checkpoints", style="dim")
     return text
 
 
