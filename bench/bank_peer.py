@@ -73,8 +73,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows, arm: str = "")
                 peer = stream_turn(client, peer_url, body, headers)
                 time.sleep(max(idle, 0.0))
                 warm = s.name in known
-                s.sent.append(mine.message)  # sent back as received, as an agent does
-                s.cursor += 1
+                s.send_back(mine.message)  # as received, as an agent does
                 known[s.name] = len(s.sent)
                 if not warm or turn == 0:
                     continue

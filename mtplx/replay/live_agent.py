@@ -38,5 +38,10 @@ class AgentSession:
         return render(tokenizer, self.sent, self.tools), chat
 
     def reply(self, text: str) -> None:
-        self.sent.append(parse_reply(text))
+        """The model's raw output, turned into the message a client sends back."""
+        self.send_back(parse_reply(text))
+
+    def send_back(self, message: dict) -> None:
+        """An assistant message exactly as a server answered it (e.g. over HTTP)."""
+        self.sent.append(message)
         self.cursor += 1
