@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mtplx.bank.anchors import Markers, as_tokens, prompt_anchors  # noqa: E402
 from mtplx.bank.bank import BankConfig  # noqa: E402
 from mtplx.bank.plan import EntryView, plan_restore  # noqa: E402
+from mtplx.bank.spans import reuse_ratio  # noqa: E402
 from mtplx.bank.ssd import SsdConfig  # noqa: E402
 from mtplx.catalog import resolve  # noqa: E402
 from mtplx.chat import render  # noqa: E402
@@ -98,7 +99,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows, restarts):
             if outcome.ceiling is None or turn == 0 or first_of_session:
                 s.reply(fin_w.text)
                 continue  # a session's first turn with a head never seen is cold by construction
-            ratio = min(outcome.achieved, outcome.ceiling) / outcome.ceiling if outcome.ceiling else None
+            ratio = reuse_ratio(outcome.achieved, outcome.ceiling)
             prefill_s = fin_w.stats["prefill_s"] or 1e-9
             rows.append(dict(model=model, scenario=name, session=s.name, prompt=len(prompt), ceiling=outcome.ceiling,
                              achieved=outcome.achieved, ratio=ratio, source=outcome.source, anchor=outcome.anchor,

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from mtplx.bank.anchors import Markers
-from mtplx.bank.spans import message_spans
+from mtplx.bank.spans import message_spans, reuse_ratio
 from mtplx.chat import render
 from mtplx.replay.client import stream_turn
 from peer_server import mlx_lm_server
@@ -77,7 +77,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows, arm: str = "")
                 known[s.name] = len(s.sent)
                 if not warm or turn == 0:
                     continue
-                ratio = lambda r: min(r.cached_tokens, ceiling) / ceiling if ceiling else None
+                ratio = lambda r: reuse_ratio(r.cached_tokens, ceiling)
                 if not (mine.prompt_tokens == peer.prompt_tokens == prompt_len):
                     raise SystemExit(f"{name} turn {turn}: prompt tokens differ (local {prompt_len}, mtplx "
                                      f"{mine.prompt_tokens}, mlx-lm {peer.prompt_tokens}): not the same prompt")

@@ -96,7 +96,11 @@ def test_receipts_screen(snap_compare, tmp_path):
 
     async def run_before(pilot):
         await pilot.press("f3")
-        await pilot.pause(0.3)
+        for _ in range(200):  # rows load in a worker thread: wait for them, however busy the machine
+            await pilot.pause(0.05)
+            if app.screen.query("#receipts") and app.screen.query_one("#receipts").row_count == 3:
+                break
+        await pilot.pause(0.3)  # the table sizes its columns on idle
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
 

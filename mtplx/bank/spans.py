@@ -36,6 +36,12 @@ def reuse_ceiling(spans: list[MessageSpan], known: int | None, head: int | None)
     return spans[-1].end if spans else 0
 
 
+def reuse_ratio(achieved: int | None, ceiling: int | None) -> float | None:
+    """achieved / ceiling, capped at 1 (a restore may also cover the generation prompt that opens
+    the next message); None for a turn with no ceiling (nothing was knowable before it)."""
+    return min(achieved or 0, ceiling) / ceiling if ceiling else None
+
+
 def same_reply(sent: dict, generated: dict) -> bool:
     """Whether the assistant message a client sent back is the reply the model generated."""
     import json

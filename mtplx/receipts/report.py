@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from mtplx.bank.spans import reuse_ratio
+
 
 def _f(value, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
@@ -40,9 +42,7 @@ def side_by_side(a: list[dict], b: list[dict], label_a: str, label_b: str) -> tu
     for i, (x, y) in enumerate(zip(a, b)):
         same = x.get("output_sha256") == y.get("output_sha256")
         parity &= same
-        # Capped at 1: a server may also reuse the generation prompt (`<|im_start|>assistant\n`) that
-        # opens the next (teacher-forced) message; that is not more than the ceiling's worth of reuse.
-        ratio = lambda r: min(r["cached_tokens"] or 0, r["ceiling"]) / r["ceiling"] if r.get("ceiling") else None
+        ratio = lambda r: reuse_ratio(r.get("cached_tokens"), r.get("ceiling"))
         cell = lambda r: f"{_f(r.get('ceiling')):>6} {_f(r.get('cached_tokens')):>6} {_f(ratio(r), '.3f'):>6} {_f(r.get('ttft_first_token_s'), '.3f'):>7} {(r.get('restore_source') or '-'):<6}"
         dc = (y.get("cached_tokens") or 0) - (x.get("cached_tokens") or 0)
         dt = (y.get("ttft_first_token_s") or 0) - (x.get("ttft_first_token_s") or 0)

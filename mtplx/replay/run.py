@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from mtplx.bank.anchors import Markers
-from mtplx.bank.spans import message_spans
+from mtplx.bank.spans import message_spans, reuse_ratio
 from mtplx.chat import head_end, render
 from mtplx.errors import MtplxError
 from mtplx.replay.client import ReplayRejected, stream_turn
@@ -94,7 +94,7 @@ def replay(transcript: Transcript, base_url: str, *, run_id: str, arm: str | Non
                                      f"tokenizer {local_prompt}: it is not serving the same model and template")
             row = {"turn": i, "session": turn.session, "prompt_tokens": result.prompt_tokens, "ceiling": ceiling,
                    "cached_tokens": result.cached_tokens,
-                   "ratio": (min(result.cached_tokens, ceiling) / ceiling) if ceiling else None,
+                   "ratio": reuse_ratio(result.cached_tokens, ceiling),
                    "ttft_first_token_s": result.ttft_first_token_s, "ttft_first_visible_s": result.ttft_first_visible_s,
                    "total_s": result.total_s, "completion_tokens": result.completion_tokens,
                    "finish_reason": result.finish_reason, "output_sha256": result.output_sha256}

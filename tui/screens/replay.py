@@ -113,8 +113,10 @@ class ReplayScreen(Screen):
         self.busy = False
 
     def add_turn(self, i: int, session: str, restored, finished) -> None:
+        from mtplx.bank.spans import reuse_ratio
+
         self.cursor = i + 1
-        ratio = (min(restored.cached_tokens, restored.ceiling) / restored.ceiling) if restored and restored.ceiling else None
+        ratio = reuse_ratio(restored.cached_tokens, restored.ceiling) if restored else None
         f = lambda v, spec="": "-" if v is None else format(v, spec)
         self.query_one("#replay-turns", DataTable).add_row(
             str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens), f(ratio, ".3f"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
+from mtplx.bank.spans import reuse_ratio
 from mtplx.events import Finished, Restored
 
 COLUMNS = ("turn", "source", "prompt", "ceiling", "cached", "ratio", "TTFT s", "tok/s", "tau", "from", "mode", "finish",
@@ -25,7 +26,7 @@ class TurnTable(DataTable):
         s = finished.stats
         restored = self.restores.pop(finished.request_id, None)
         ceiling = restored.ceiling if restored else None
-        ratio = min(finished.cached_tokens, ceiling) / ceiling if ceiling else None
+        ratio = reuse_ratio(finished.cached_tokens, ceiling)
         mode = f"mtp d{s['depth']}" if s.get("mode") == "mtp" else "ar"
         self.add_row(
             str(self.row_count + 1), source, str(finished.prompt_tokens), str(ceiling or "-"),
