@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 CORE = ["mtplx.engine.engine", "mtplx.engine.generation", "mtplx.engine.speculation", "mtplx.chat",
         "mtplx.events", "mtplx.catalog", "mtplx.synth.agent"]
@@ -12,8 +13,10 @@ FRAMEWORKS = ["textual", "typer", "fastapi", "starlette", "uvicorn"]
 
 
 def _modules_after(code: str) -> set[str]:
+    # An explicit working directory: transformers resolves a relative path at import, which fails
+    # if the inherited one no longer exists (seen once in CI).
     out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, f"the import itself failed:\n{out.stderr[-3000:]}"
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
