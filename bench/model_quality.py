@@ -33,6 +33,9 @@ from mtplx.synth.agent import Sizes, conversation  # noqa: E402
 from mtplx.synth.corpus import Corpus  # noqa: E402
 
 HELD_OUT_SEED = 5_000_000  # training used seeds from 100_000, the tokenizer from 1_000_000
+# Prompts past this many tokens are reported apart: a model trained on shorter windows than the
+# prompt loses the thread there (see docs/models.md), and the total hides it.
+LONG_PROMPT = 1024
 CALL = re.compile(r"^(?:<think>.*?</think>\s*)?<tool_call>\s*(\{.*\})\s*</tool_call>\s*$", re.S)
 
 
@@ -74,6 +77,7 @@ def evaluate(name: str, conversations: int, max_len: int) -> dict:
     corpus = Corpus()
     nll = count = agree = compared = 0
     turns = well_formed = same_tool = drafted = accepted = 0
+    by_length = {"short": [0, 0], "long": [0, 0]}  # [well-formed, turns] for prompts under / from LONG_PROMPT tokens
     try:
         for i in range(conversations):
             convo = conversation(HELD_OUT_SEED + i, corpus, Sizes(6, 36))
@@ -90,6 +94,8 @@ def evaluate(name: str, conversations: int, max_len: int) -> dict:
                 ok, called = tool_call_ok(fin.text, tools)
                 turns += 1
                 well_formed += ok
+                bucket = by_length["long" if len(prompt) >= LONG_PROMPT else "short"]
+                bucket[0], bucket[1] = bucket[0] + ok, bucket[1] + 1
                 same_tool += ok and called == m["tool_calls"][0]["function"]["name"]
                 drafted += fin.stats["drafted_by_depth"][0]
                 accepted += fin.stats["accepted_by_depth"][0]
@@ -101,6 +107,8 @@ def evaluate(name: str, conversations: int, max_len: int) -> dict:
         "mtp_depth1_agreement_teacher_forced": agree / compared,
         "mtp_depth1_acceptance_live": accepted / drafted if drafted else None,
         "tool_turns": turns, "tool_call_well_formed": well_formed / turns, "tool_call_same_tool": same_tool / turns,
+        "tool_call_well_formed_by_prompt_length": {f"{k} ({'<' if k == 'short' else '>='}{LONG_PROMPT})": f"{a}/{n}"
+                                                   for k, (a, n) in by_length.items()},
     }
 
 
@@ -116,7 +124,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['model']:<12} {r['perplexity']:7.3f} {r['mtp_depth1_agreement_teacher_forced']:15.3f} "
               f"{r['mtp_depth1_acceptance_live'] or 0:18.3f} {r['tool_turns']:10d} {r['tool_call_well_formed']:12.3f} "
-              f"{r['tool_call_same_tool']:10.3f}")
+              f"{r['tool_call_same_tool']:10.3f}   by prompt length: "
+              + ", ".join(f"{k} {v}" for k, v in r["tool_call_well_formed_by_prompt_length"].items()))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

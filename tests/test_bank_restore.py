@@ -114,3 +114,28 @@ def test_every_sample_transcript_restores_to_cold_outputs(name):
     # every turn restores but a session's first with a head never seen (one per transcript, two for
     # the interleaved one)
     assert restored_turns >= turns - len(SAMPLES) - 1
+
+
+def test_a_shortfall_names_its_cause():
+    """Without the render-ahead, a new user message strips the reply's reasoning from history: the
+    restore stops where the re-rendered reply begins, short of the ceiling, and the outcome says why."""
+    from mtplx.chat import parse_reply
+
+    engine = Engine(resolve("tiny-dense"), EngineConfig(), name="tiny-dense", bank=BankConfig(render_ahead=False)).start()
+    tok = engine.checkpoint.tokenizer
+    try:
+        convo = conversation(12, Corpus(), Sizes(6, 12), max_user_turns=2)
+        messages, tools = convo["messages"][:2], convo["tools"]
+        first = engine.submit(GenerationRequest(tuple(render(tok, messages, tools)), SamplingParams(max_tokens=80),
+                                                chat={"messages": messages, "tools": tools}, session="s")).result()
+        reply = parse_reply(first.text)
+        assert reply.get("reasoning_content"), first.text  # the embedded models reason before answering
+        follow = messages + [{"role": "assistant", **reply}, {"role": "user", "content": "Thanks. And the tests?"}]
+        req = GenerationRequest(tuple(render(tok, follow, tools)), SamplingParams(max_tokens=4),
+                                chat={"messages": follow, "tools": tools}, session="s")
+        engine.submit(req).result()
+        outcome = engine.bank.outcomes[req.request_id]
+        assert 0 < outcome.achieved < outcome.ceiling
+        assert outcome.cause == "assistant[2].reasoning stripped"
+    finally:
+        engine.stop()
