@@ -77,7 +77,8 @@ def evaluate(name: str, conversations: int, max_len: int) -> dict:
     corpus = Corpus()
     nll = count = agree = compared = 0
     turns = well_formed = same_tool = drafted = accepted = 0
-    by_length = {"short": [0, 0], "long": [0, 0]}  # [well-formed, turns] for prompts under / from LONG_PROMPT tokens
+    short, long = f"<{LONG_PROMPT}", f">={LONG_PROMPT}"
+    by_length = {short: [0, 0], long: [0, 0]}  # prompt tokens -> [well-formed, turns]
     try:
         for i in range(conversations):
             convo = conversation(HELD_OUT_SEED + i, corpus, Sizes(6, 36))
@@ -94,7 +95,7 @@ def evaluate(name: str, conversations: int, max_len: int) -> dict:
                 ok, called = tool_call_ok(fin.text, tools)
                 turns += 1
                 well_formed += ok
-                bucket = by_length["long" if len(prompt) >= LONG_PROMPT else "short"]
+                bucket = by_length[long if len(prompt) >= LONG_PROMPT else short]
                 bucket[0], bucket[1] = bucket[0] + ok, bucket[1] + 1
                 same_tool += ok and called == m["tool_calls"][0]["function"]["name"]
                 drafted += fin.stats["drafted_by_depth"][0]
@@ -107,8 +108,7 @@ def evaluate(name: str, conversations: int, max_len: int) -> dict:
         "mtp_depth1_agreement_teacher_forced": agree / compared,
         "mtp_depth1_acceptance_live": accepted / drafted if drafted else None,
         "tool_turns": turns, "tool_call_well_formed": well_formed / turns, "tool_call_same_tool": same_tool / turns,
-        "tool_call_well_formed_by_prompt_length": {f"{k} ({'<' if k == 'short' else '>='}{LONG_PROMPT})": f"{a}/{n}"
-                                                   for k, (a, n) in by_length.items()},
+        "tool_call_well_formed_by_prompt_length": {k: f"{a}/{n}" for k, (a, n) in by_length.items()},
     }
 
 

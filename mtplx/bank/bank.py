@@ -150,32 +150,27 @@ class SessionBank:
         if (previous := self.last_turn.get(self._session)) is not None:
             sent, reply = previous
             known = sent + 1 if len(messages) > sent and same_reply(messages[sent], reply) else sent
-        best = evicted_match = None
-
-        def closest() -> tuple:
-            """The same-model entry sharing the longest prefix, and the longest evicted match.
-            Scanning every entry costs; a follow-up turn that restores its ceiling never needs it."""
-            nonlocal best, evicted_match
-            if evicted_match is None:
-                views = [v for v in self.views() if v.identity == identity]
-                best = max(views, key=lambda v: common_prefix(v.tokens, prompt), default=None)
-                evicted_match = max((common_prefix(t, prompt) for t in self.evicted), default=0)
-            return best, evicted_match
-
+        closest = None  # scanned only when needed: a follow-up turn that restores its ceiling never is
         if known is None and head is not None:
             # A session's first request: its head was knowable only if some request sent it before
             # (an entry, or one evicted since, starts with it); a head never seen is new content.
-            best, evicted_match = closest()
+            best, evicted_match = closest = self._closest(prompt, identity)
             seen = max(common_prefix(best.tokens, prompt) if best else 0, evicted_match)
             head = head if seen >= head else None
         ceiling = reuse_ceiling(spans, known, head)
         if plan.position >= ceiling:
             return ceiling, None
-        best, evicted_match = closest()
+        best, evicted_match = closest or self._closest(prompt, identity)
         report = attribute_miss(prompt, spans, plan.position, ceiling, best.tokens if best else None,
                                 other_identity=any(v.identity != identity for v in self.views()),
                                 evicted_match=evicted_match, note=plan.note, think_id=self.think_id)
         return ceiling, report.cause
+
+    def _closest(self, prompt, identity) -> tuple:
+        """The same-model entry sharing the longest prefix with `prompt`, and the longest evicted match."""
+        views = [v for v in self.views() if v.identity == identity]
+        best = max(views, key=lambda v: common_prefix(v.tokens, prompt), default=None)
+        return best, max((common_prefix(t, prompt) for t in self.evicted), default=0)
 
     def _anchors_for(self, prompt):
         return prompt_anchors(prompt, self.markers, min_restore=self.config.min_restore, grid=self.config.grid)
