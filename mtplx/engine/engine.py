@@ -106,6 +106,9 @@ class Engine:
         self._thread.start()
         self._ready.wait(timeout)
         if self._load_error is not None:
+            # The thread releases its MLX streams before it ends; raising first let the process
+            # exit under it (SIGABRT, exit 134) instead of the caller's clean exit 2.
+            self._thread.join(timeout=30)
             raise self._load_error
         if not self._ready.is_set():
             raise EngineStopped(f"model {self.model_path} did not load within {timeout}s")
