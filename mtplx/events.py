@@ -89,7 +89,7 @@ class Finished:
 class Failed:
     request_id: str
     message: str
-    kind: str  # "invalid_request", "internal"
+    kind: str  # "invalid_request", "internal", "unavailable" (the engine is stopping or stopped)
     t: float = field(default_factory=_now)
 
 

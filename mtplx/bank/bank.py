@@ -47,6 +47,28 @@ class BankConfig:
 
 
 @dataclass
+class SsdHealth:
+    """Whether the SSD tier works. A failing disk (full, read-only, removed) degrades the bank to
+    RAM-only: writes wait and are retried with a growing back-off; turns never fail for it."""
+
+    error: str | None = None
+    failures: int = 0
+    retry_at: float = 0.0
+
+    def failed(self, exc: Exception) -> None:
+        self.error, self.failures = f"{type(exc).__name__}: {exc}", self.failures + 1
+        self.retry_at = time.monotonic() + min(300.0, 5.0 * 2 ** min(self.failures - 1, 6))
+
+    def recovered(self) -> None:
+        self.error, self.failures, self.retry_at = None, 0, 0.0
+
+    @property
+    def waiting(self) -> float:
+        """Seconds until the next retry (0 when writes may run now)."""
+        return max(0.0, self.retry_at - time.monotonic()) if self.error else 0.0
+
+
+@dataclass
 class Outcome:
     """What the bank decided for one request (for receipts and the TUI)."""
 
@@ -76,6 +98,7 @@ class SessionBank:
         self.notify = lambda action, detail: None  # the engine points this at its listeners
         self.pending_writes: deque[Entry] = deque()  # entries waiting to be persisted (idle time)
         self.ssd_views = {v.entry_id: v for v in ssd.views()} if ssd is not None else {}
+        self.ssd_health = SsdHealth()
 
     def identity(self, use_mtp: bool) -> str:
         return f"{self.base_identity}:{'mtp' if use_mtp else 'ar'}"
@@ -92,6 +115,12 @@ class SessionBank:
                  "mtp": e.mtp is not None, "age_s": time.time() - e.created, "last_restore": e.last_restore}
                 for e in sorted(self.entries.values(), key=lambda e: -e.last_used)]
 
+    def health(self) -> dict:
+        """Plain data for /health and the TUI (safe to read from any thread)."""
+        ssd = "off" if self.ssd is None else ("degraded" if self.ssd_health.error else "ok")
+        return {"ram_entries": len(self.entries), "ram_budget_bytes": self.config.budget_bytes, "ssd": ssd,
+                "ssd_error": self.ssd_health.error, "pending_writes": len(self.pending_writes)}
+
     # -- plan + restore ---------------------------------------------------------------------
     def plan(self, request, gen: Generation):
         prompt = list(request.prompt)
@@ -104,8 +133,7 @@ class SessionBank:
         plan_ms = (time.perf_counter() - t0) * 1000
         # Session: the client's header, else inferred from the entry with the longest match (a
         # restore always copies state, so two clients matching one entry fork, never share).
-        self._session = request.session or (self.entries[plan.entry_id].session if plan.entry_id else None) \
-            or request.request_id
+        self._session = request.session or self._session_of(plan.entry_id) or request.request_id
         ceiling, cause = self._ceiling_and_cause(request, prompt, plan, identity, anchors)
         state, source = None, "cold"
         if plan.entry_id is not None:
@@ -126,6 +154,15 @@ class SessionBank:
             self.notify("restored", f"{state.length} tokens from {plan.entry_id} at {plan.anchor or 'a cut'} (plan {plan_ms:.2f} ms)")
         start = StartPoint(state, source, plan.anchor, ceiling, cause)
         return start, plan.captures, self._capture
+
+    def _session_of(self, entry_id: str | None) -> str | None:
+        """The session of an entry in either tier (after a restart most live only on SSD)."""
+        if entry_id is None:
+            return None
+        if entry_id in self.entries:
+            return self.entries[entry_id].session
+        view = self.ssd_views.get(entry_id)
+        return view.session if view is not None else None
 
     def _fetch(self, entry_id: str, identity: str) -> tuple[Entry, str]:
         """The entry from RAM, or loaded (validated) from SSD and promoted to RAM."""
@@ -227,8 +264,8 @@ class SessionBank:
                 for p, arrays in old.checkpoints.items():  # keep what the longer entry lacked
                     entry.checkpoints.setdefault(p, arrays)
             if self.ssd is not None:
-                self.ssd.delete(old_id)
                 self.ssd_views.pop(old_id, None)
+                self._ssd_do(lambda: self.ssd.delete(old_id), old_id)
             self.notify("superseded", f"{old_id} is a prefix of {entry.entry_id}")
         self.entries[entry.entry_id] = entry
         if self.ssd is not None:
@@ -275,29 +312,56 @@ class SessionBank:
         entry = self.pending_writes.popleft()
         if entry.entry_id not in self.entries:
             return  # superseded or evicted before its turn to be written
-        try:
+
+        def write():
             self.ssd.write(entry)
             self.ssd_views[entry.entry_id] = entry.view()
             alive = {r[0] for r in self.ssd.db.execute("select entry_id from entries")}
             for gone in [k for k in self.ssd_views if k not in alive]:  # the SSD budget dropped these
                 self.ssd_views.pop(gone)
                 self.notify("evicted", f"{gone} from SSD: over the disk budget")
-        except OSError as exc:  # a full or failing disk costs persistence, never the turn
-            log.warning("persisting %s failed: %s", entry.entry_id, exc)
-            self.notify("ssd_failed", f"{entry.entry_id}: {exc}")
+
+        if not self._ssd_do(write, entry.entry_id):
+            self.pending_writes.appendleft(entry)  # retried after the back-off, while it is in RAM
+
+    def _ssd_do(self, action, entry_id: str) -> bool:
+        """Run one SSD action; any failure (full or read-only disk, I/O error, a failing writer)
+        degrades the tier to RAM-only instead of reaching the turn or the engine thread."""
+        try:
+            action()
+        except Exception as exc:
+            first = self.ssd_health.error is None
+            self.ssd_health.failed(exc)
+            if first:  # logged once per outage, not once per entry
+                log.warning("SSD tier failing, bank is RAM-only until it recovers: %s", self.ssd_health.error)
+            self.notify("ssd_failed", f"{entry_id}: {self.ssd_health.error}; RAM-only, retry in "
+                                      f"{self.ssd_health.waiting:.0f}s")
+            return False
+        if self.ssd_health.error is not None:
+            log.warning("SSD tier recovered")
+            self.notify("ssd_recovered", f"{entry_id} written; SSD tier back")
+            self.ssd_health.recovered()
+        return True
 
     def flush(self) -> None:
-        """Persist every pending entry (clean shutdown)."""
-        while self.ssd is not None and self.pending_writes:
+        """Persist every pending entry (clean shutdown): one attempt each, even while degraded."""
+        for _ in range(len(self.pending_writes) if self.ssd is not None else 0):
             self.persist_one()
+            if self.ssd_health.error:
+                break  # the disk still fails: do not spend the shutdown retrying every entry
 
     @property
     def has_idle_work(self) -> bool:
-        return bool(self.idle or self.pending_writes)
+        return bool(self.idle or (self.pending_writes and not self.ssd_health.waiting))
+
+    @property
+    def idle_wait(self) -> float | None:
+        """How long the engine may sleep before idle work is due again (None: until woken)."""
+        return self.ssd_health.waiting if self.pending_writes and self.ssd_health.waiting else None
 
     def idle_step(self) -> bool:
         """Run one unit of idle work; returns whether any remains."""
-        if self.pending_writes:
+        if self.pending_writes and not self.ssd_health.waiting:
             self.persist_one()
             return True
         while self.idle:
@@ -310,4 +374,4 @@ class SessionBank:
                 log.exception("render-ahead failed")
                 self.notify("render_ahead_failed", f"{type(exc).__name__}: {exc}")
                 self.idle.popleft()
-        return bool(self.pending_writes)
+        return self.has_idle_work

@@ -99,6 +99,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.checkpoint = self.runner = None
         self.busy: str | None = None  # request id being served
+        self._current: Submission | None = None
+        self.died: str | None = None  # why the engine thread ended unexpectedly (None while healthy)
+        self.ssd_error: str | None = None  # why the SSD tier could not be opened, if it could not
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, timeout: float = 300) -> "Engine":
@@ -114,12 +117,34 @@ class Engine:
             raise EngineStopped(f"model {self.model_path} did not load within {timeout}s")
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30) -> None:
+        """Cancel what runs and what waits (each ends within one prefill chunk or decode step),
+        flush the bank, and end the thread."""
         with self._lock:
             self._stopping = True
+            waiting = [s for q in self._queues.values() for s in q if isinstance(s, Submission)]
+            current = self._current
             self._lock.notify_all()
+        for sub in waiting + ([current] if current is not None else []):
+            sub.cancel()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._ready.is_set() and self.died is None and self._thread is not None and self._thread.is_alive() \
+            and self._load_error is None
+
+    def health(self) -> dict:
+        """Plain data for /health: whether the engine serves, what it does, the bank's tiers."""
+        out = {"engine": "ok" if self.alive else ("stopped" if self._stopping else "dead"), "busy": self.busy is not None}
+        if self.died:
+            out["engine_error"] = self.died
+        if self.bank is not None:
+            out["bank"] = self.bank.health()
+        elif self.ssd_error:
+            out["bank"] = {"ssd": "degraded", "ssd_error": self.ssd_error}
+        return out
 
     @property
     def context_window(self) -> int:
@@ -137,8 +162,8 @@ class Engine:
     # -- submission -------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> Submission:
         """Queue a request. Raises RequestError at once for a prompt that cannot fit."""
-        if not self._ready.is_set() or self._stopping:
-            raise EngineStopped("the engine is not running")
+        if not self._ready.is_set() or self._stopping or self.died is not None:
+            raise EngineStopped(f"the engine is not running{': ' + self.died if self.died else ''}")
         limit = self.context_window
         if len(request.prompt) >= limit:
             raise RequestError(f"prompt has {len(request.prompt)} tokens; the context window is {limit}")
@@ -155,6 +180,8 @@ class Engine:
         """Run `fn()` on the engine thread between requests and return its result (or raise its
         error). For work that touches MLX state from outside: inspection, tests, benchmarks."""
         done: queue.Queue = queue.Queue()
+        if not self.alive:
+            raise EngineStopped(f"the engine is not running{': ' + self.died if self.died else ''}")
         with self._lock:
             self._queues.setdefault("__call__", deque()).append(_Call(fn, done))
             self._lock.notify_all()
@@ -174,7 +201,8 @@ class Engine:
             while not self._stopping and not self._queues:
                 if self.bank is not None and self.bank.has_idle_work:
                     return _IDLE
-                self._lock.wait()
+                # Idle work that waits (an SSD retry back-off) wakes the thread when it is due.
+                self._lock.wait(self.bank.idle_wait if self.bank is not None else None)
             if self._stopping:
                 return None
             session, pending = next(iter(self._queues.items()))
@@ -213,7 +241,11 @@ class Engine:
                 if self.ssd_config is not None:
                     from mtplx.bank.ssd import SsdTier
 
-                    ssd = SsdTier(self.ssd_config)
+                    try:
+                        ssd = SsdTier(self.ssd_config)
+                    except Exception as exc:  # an unusable disk costs persistence, never serving
+                        self.ssd_error = f"{type(exc).__name__}: {exc}"
+                        log.warning("SSD tier unavailable (%s); the bank is RAM-only", self.ssd_error)
                 self.bank = SessionBank(self.runner, self.checkpoint.identity, self.bank_config, self.config.chunk_size, ssd)
                 self.bank.notify = lambda action, detail: self._broadcast(BankDecision(self.busy, action, detail))
         except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread
@@ -222,24 +254,50 @@ class Engine:
             self._release_streams()
             return
         self._ready.set()
-        while (sub := self._next()) is not None:
-            if sub is _IDLE:  # idle work (render-ahead) runs one chunk, then requests come first
-                self.bank.idle_step()
-                continue
-            if isinstance(sub, _Call):
-                sub.run()
-                continue
-            self.busy = sub.request.request_id
-            try:
-                self._serve(sub)
-            finally:
-                self.busy = None
+        try:
+            while (sub := self._next()) is not None:
+                self._step(sub)
+        except BaseException as exc:  # only a bug gets here: say so everywhere, never hang a caller
+            self.died = f"{type(exc).__name__}: {exc}"
+            log.critical("the engine thread died: %s", self.died, exc_info=True)
+            self._fail_all(f"the engine stopped: {self.died}", "internal")
+        self._fail_all("the engine is shutting down", "unavailable")  # what still waits after a stop
         if self.bank is not None:  # a clean shutdown persists what is pending
             try:
                 self.bank.flush()
             except Exception:
                 log.exception("flushing the bank to SSD failed")
         self._release_streams()
+
+    def _step(self, sub) -> None:
+        """One unit of work. An exception fails at most that request or that background job."""
+        if sub is _IDLE:  # idle work (render-ahead, SSD writes) runs one chunk, then requests come first
+            try:
+                self.bank.idle_step()
+            except Exception as exc:
+                log.exception("idle work failed; dropped")
+                self.bank.idle.clear()
+                self._broadcast(BankDecision(None, "idle_failed", f"{type(exc).__name__}: {exc}"))
+            return
+        if isinstance(sub, _Call):
+            sub.run()
+            return
+        self.busy, self._current = sub.request.request_id, sub
+        try:
+            self._serve(sub)
+        finally:
+            self.busy, self._current = None, None
+
+    def _fail_all(self, message: str, kind: str) -> None:
+        with self._lock:
+            waiting = [s for q in self._queues.values() for s in q]
+            self._queues.clear()
+        current = self._current
+        for sub in waiting + ([current] if current is not None else []):
+            if isinstance(sub, _Call):
+                sub.done.put((False, EngineStopped(message)))
+            else:
+                sub.events.put(Failed(sub.request.request_id, message, kind))
 
     @staticmethod
     def _release_streams() -> None:
@@ -249,6 +307,9 @@ class Engine:
 
         mx.synchronize()
         mx.clear_streams()
+
+    def _cancelled(self, sub: Submission) -> Callable[[], bool]:
+        return lambda: sub.cancelled.is_set() or self._stopping
 
     def _serve(self, sub: Submission) -> None:
         from mtplx.engine.generation import Generation, StartPoint, events
@@ -262,7 +323,7 @@ class Engine:
             gen = Generation(self.runner, request, use_mtp=use_mtp, depth=request.depth or self.config.depth,
                              chunk_size=self.config.chunk_size, eos_ids=self.eos_ids, submitted_at=sub.submitted_at)
             start, checkpoints, hook = (self.bank.plan(request, gen) if self.bank else (StartPoint(), (), None))
-            for event in events(gen, start, sub.cancelled.is_set, checkpoints, hook):
+            for event in events(gen, start, self._cancelled(sub), checkpoints, hook):
                 self._publish(sub, event)
             if self.bank:
                 try:

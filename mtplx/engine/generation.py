@@ -89,7 +89,8 @@ class Generation:
         last = {end - 1} if end - 1 > start else set()
         return sorted({*grid, *(c for c in checkpoints if start < c < end), *last, end})
 
-    def prefill(self, start: StartPoint, checkpoints: tuple[int, ...], on_checkpoint: CheckpointHook | None) -> Iterator:
+    def prefill(self, start: StartPoint, checkpoints: tuple[int, ...], on_checkpoint: CheckpointHook | None,
+                cancelled: Callable[[], bool] = lambda: False) -> Iterator:
         prompt = list(self.request.prompt)
         if start.state is not None:
             state = start.state
@@ -103,6 +104,10 @@ class Generation:
         t0 = time.perf_counter()
         last_hidden = None
         for end in self._chunk_ends(cached, len(prompt), checkpoints):
+            if cancelled():  # an abandoned request frees the engine within one chunk
+                self.finish_reason = "cancelled"
+                self.stats.prefill_s = time.perf_counter() - t0
+                return  # no state kept: the MTP head's pairs run one token past a chunk's end
             begin = state.length
             hidden = self.runner.hidden(prompt[begin:end], state.trunk)
             if self.use_mtp and state.mtp is not None:
@@ -236,8 +241,9 @@ class Generation:
 def events(gen: Generation, start: StartPoint, cancelled: Callable[[], bool],
            checkpoints: tuple[int, ...] = (), on_checkpoint: CheckpointHook | None = None) -> Iterator:
     """The whole request as a stream of events (the engine thread drives this)."""
-    yield from gen.prefill(start, checkpoints, on_checkpoint)
-    yield from gen.decode(cancelled)
+    yield from gen.prefill(start, checkpoints, on_checkpoint, cancelled)
+    if gen.finish_reason is None:
+        yield from gen.decode(cancelled)
     finished, tail = gen.finish()
     if tail:
         yield Tokens(gen.request.request_id, (), tail, gen.segments.current)

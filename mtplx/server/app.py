@@ -74,16 +74,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         return JSONResponse(ApiError(500, f"internal server error (request id {rid}){detail}", None, "server_error", rid).body(),
                             status_code=500)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key and request.url.path not in ("/health",):
-            auth = request.headers.get("authorization", "")
-            given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-            if given != api_key:
-                return JSONResponse(ApiError(401, "missing or wrong API key", None, "authentication_error").body(), status_code=401)
-        response = await call_next(request)
-        metrics.request(request.url.path, response.status_code)
-        return response
+    app.add_middleware(Guard, api_key=api_key, metrics=metrics)
 
     async def body_of(request: Request) -> tuple[bytes, dict]:
         raw = await request.body()
@@ -92,7 +83,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     # -- plain routes -----------------------------------------------------------------------
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_name, "busy": engine.busy is not None}
+        # 503 once the engine cannot serve, so a supervisor or load balancer sees it.
+        report = {"status": "ok" if engine.alive else "unavailable", "model": model_name, **engine.health()}
+        return JSONResponse(report, status_code=200 if engine.alive else 503)
 
     @app.get("/v1/models")
     async def models():
@@ -201,7 +194,44 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 def _failure(event: Failed) -> ApiError:
     if event.kind == "invalid_request":
         return bad_request(event.message)
+    if event.kind == "unavailable":
+        return ApiError(503, event.message, None, "server_error", "engine_unavailable")
     return ApiError(500, event.message, None, "server_error")
+
+
+class Guard:
+    """The API key check and per-route status counts, as plain ASGI: Starlette's function
+    middleware wraps `receive`, which hides a client's disconnect from the handler (a dropped
+    non-streaming request would then run to its end)."""
+
+    def __init__(self, app, api_key: str | None, metrics: Metrics):
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if self.api_key and path != "/health":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            auth = headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key")
+            if given != self.api_key:
+                body = ApiError(401, "missing or wrong API key", None, "authentication_error").body()
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                self.metrics.request(path, 401)
+                return
+        status = 500
+
+        async def send_counted(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            self.metrics.request(path, status)
 
 
 async def _whole(sub, build, request: Request):

@@ -12,9 +12,9 @@ from typing import AsyncIterator
 
 from mtplx.chat import render
 from mtplx.engine.request import GenerationRequest
-from mtplx.errors import RequestError
+from mtplx.errors import EngineStopped, RequestError
 from mtplx.events import TERMINAL, EngineEvent
-from mtplx.server.api_error import bad_request
+from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.openai_request import ChatCall
 
@@ -51,6 +51,8 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
         return engine.submit(request)
     except RequestError as exc:
         raise bad_request(str(exc), "messages", "context_length_exceeded" if "context window" in str(exc) else None) from None
+    except EngineStopped as exc:  # stopping, or the engine thread died: the client may retry elsewhere
+        raise ApiError(503, str(exc), None, "server_error", "engine_unavailable") from None
 
 
 async def events(submission) -> AsyncIterator[EngineEvent]:
