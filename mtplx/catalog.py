@@ -1,4 +1,5 @@
-"""Where models are found: the embedded tiny models by short name, or any local directory.
+"""Where models are found: the embedded tiny models by short name, a local directory, or a hub id
+(`org/name`) already in the local Hugging Face cache.
 
 Everything here reads files only (config.json, the safetensors header, tokenizer_config.json),
 so `mtplx models` answers without importing MLX.
@@ -10,23 +11,80 @@ import json
 import struct
 from pathlib import Path
 
+from mtplx import hub_cache
 from mtplx.errors import ModelLoadError
 
 ASSETS = Path(__file__).parent / "assets" / "models"
 EMBEDDED = ("tiny-dense", "tiny-hybrid")
 
 
+# The MTP layouts mtplx can load and speculate with (mtplx/engine/mtp_head.py builds them).
+MTP_FAMILIES = ("qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "deepseek_v3")
+
+
 def resolve(name_or_path: str | Path) -> Path:
-    """A short embedded name or a directory path -> the model directory."""
-    if str(name_or_path) in EMBEDDED:
-        path = ASSETS / str(name_or_path)
+    """A short embedded name, a directory path, or a cached hub id -> the model directory."""
+    text = str(name_or_path)
+    if text in EMBEDDED:
+        path = ASSETS / text
         if not (path / "config.json").is_file():
-            raise ModelLoadError(f"embedded model {name_or_path!r} is missing from {path} (a broken install?)")
+            raise ModelLoadError(f"embedded model {text!r} is missing from {path} (a broken install?)")
         return path
-    path = Path(name_or_path).expanduser()
-    if not path.is_dir():
-        raise ModelLoadError(f"{name_or_path!r} is neither an embedded model ({', '.join(EMBEDDED)}) nor a directory")
-    return path
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if hub_cache.looks_like_repo_id(text):
+        found, looked = hub_cache.snapshot(text)
+        if found is not None:
+            return found
+        raise ModelLoadError(f"{text!r} is not in the local Hugging Face cache ({looked}; set HF_HUB_CACHE or "
+                             f"HF_HOME to look elsewhere — mtplx never downloads)")
+    raise ModelLoadError(f"{text!r} is neither an embedded model ({', '.join(EMBEDDED)}), a directory, "
+                         f"nor a hub id (org/name) in the local Hugging Face cache {hub_cache.cache_dir()}")
+
+
+def supported_architecture(config: dict) -> str | None:
+    """The mlx-lm module that runs this config's model_type, or None (found without importing MLX)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlx_lm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    model_type = config.get("model_type")
+    try:  # mlx-lm's own remapping table (mistral -> llama, ...), read as a literal from its source
+        tree = ast.parse((root / "utils.py").read_text())
+        remap = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                     and getattr(n.targets[0], "id", "") == "MODEL_REMAPPING")
+    except (OSError, SyntaxError, StopIteration, ValueError):
+        remap = {}
+    module = remap.get(model_type, model_type)
+    return module if isinstance(module, str) and (root / "models" / f"{module}.py").is_file() else None
+
+
+def mtp_keys(tensors, config: dict) -> list[str]:
+    """Weight names of the checkpoint's MTP module: `mtp.*` (Qwen3-Next / Qwen3.5) or the extra
+    `model.layers.N.*` past the trunk (DeepSeek-V3 style, N = num_hidden_layers)."""
+    text = config.get("text_config", config)
+    n = text.get("num_hidden_layers")
+    extra = {f"model.layers.{i}." for i in range(n, n + int(text.get("num_nextn_predict_layers") or 1))} if n else set()
+    return [k for k in tensors if k.startswith("mtp.") or ".mtp." in k
+            or any(k.startswith(p) or k.startswith("model.language_model." + p[len("model."):]) for p in extra)]
+
+
+def cached() -> list[dict]:
+    """Every model in the local Hugging Face cache that mtplx can run (an architecture mlx-lm knows,
+    with safetensors weights), described from its files."""
+    rows = []
+    for repo_id, path in hub_cache.cached_models():
+        try:
+            row = describe(path, repo_id)
+        except ModelLoadError:
+            continue  # a broken or partial download is not a model one can run
+        if row["runs"] and any(path.glob("model*.safetensors")):
+            rows.append(row)
+    return rows
 
 
 def safetensors_header_metadata(path: Path) -> dict:
@@ -70,7 +128,8 @@ def describe(path: Path, name: str | None = None) -> dict:
     for wf in sorted(path.glob("model*.safetensors")):
         tensors.update(safetensors_header(wf))
     count = lambda keys: sum(_numel(tensors[k]["shape"]) for k in keys)
-    mtp_keys = [k for k in tensors if k.startswith("mtp.")]
+    head = set(mtp_keys(tensors, config))
+    runs_on = supported_architecture(config)
     template = ""
     tok_config = path / "tokenizer_config.json"
     if tok_config.is_file():
@@ -79,7 +138,7 @@ def describe(path: Path, name: str | None = None) -> dict:
         template = (path / "chat_template.jinja").read_text()
     layer_types = text.get("layer_types") or []
     return {
-        "name": name or path.name,
+        "name": name or hub_cache.repo_id_of(path) or path.name,
         "path": str(path.resolve()),
         "architecture": config.get("model_type"),
         "layers": text.get("num_hidden_layers"),
@@ -89,9 +148,12 @@ def describe(path: Path, name: str | None = None) -> dict:
         "hidden_size": text.get("hidden_size"),
         "vocab_size": text.get("vocab_size"),
         "context_window": text.get("max_position_embeddings"),
-        "parameters": count(k for k in tensors if not k.startswith("mtp.")),
-        "mtp": bool(mtp_keys),
-        "mtp_parameters": count(mtp_keys),
+        "parameters": count(k for k in tensors if k not in head),
+        "runs": runs_on is not None,
+        "quantization": config.get("quantization"),
+        "mtp": bool(head) and config.get("model_type") in MTP_FAMILIES,
+        "mtp_parameters": count(head),
+        "mtp_notice": mtp_notice(config, bool(head), runs_on),
         "template": {
             "chat": bool(template),
             "tools": "tools" in template,
@@ -99,6 +161,20 @@ def describe(path: Path, name: str | None = None) -> dict:
             "enable_thinking": "enable_thinking" in template,
         },
     }
+
+
+def mtp_notice(config: dict, has_head: bool, runs_on: str | None = "") -> str | None:
+    """Why this checkpoint will decode autoregressively, in one sentence, or None when it speculates."""
+    model_type = config.get("model_type")
+    if runs_on is None:
+        return None  # it does not load at all; that error says why
+    if has_head and model_type in MTP_FAMILIES:
+        return None
+    if has_head:
+        return (f"MTP weights for model_type {model_type!r} are not supported (mtplx speculates with "
+                f"{', '.join(MTP_FAMILIES)}): decoding autoregressively")
+    hint = " (mlx_lm.convert drops mtp.*; `mtplx convert` keeps it)" if model_type in MTP_FAMILIES[1:] else ""
+    return f"no MTP head in this checkpoint{hint}: decoding autoregressively"
 
 
 def _numel(shape: list[int]) -> int:

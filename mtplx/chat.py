@@ -8,7 +8,11 @@ tool results merged into one user turn), so every candidate is checked and a rej
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
+
+from mtplx.tool_formats import TAGGED, template_iterates_arguments
 
 @dataclass(frozen=True)
 class Boundary:
@@ -24,6 +28,8 @@ class Boundary:
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
            add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> list[int]:
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    if template_iterates_arguments(getattr(tokenizer, "chat_template", None)):
+        messages = [_arguments_as_mapping(m) for m in messages]
     ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
                                         tokenize=True, return_dict=False, **kwargs)
     return list(ids)
@@ -63,26 +69,47 @@ def head_end(tokenizer, prompt: list[int]) -> int | None:
     return head_of(prompt, markers, turn_ends(prompt, markers))
 
 
-def parse_reply(text: str) -> dict:
+def _arguments_as_mapping(message: dict) -> dict:
+    """A message whose tool-call arguments (JSON strings, as OpenAI clients send them) are parsed
+    into mappings, for templates that iterate them; text that is not a JSON object stays as is."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, dict):
+                call = {**call, "function": {**fn, "arguments": parsed}}
+        out.append(call)
+    return {**message, "tool_calls": out}
+
+
+def parse_reply(text: str, tool_format=None, tools: list | None = None) -> dict:
     """An assistant output as the message a client sends back: reasoning, content, tool calls.
 
-    Tool calls whose JSON does not parse stay in the content (a client would show them as text)."""
-    import json
-    import re
-
+    `tool_format` is the model's (default: the `<tool_call>` family, JSON or XML bodies). Tool calls
+    that do not parse stay in the content (a client would show them as text)."""
+    fmt = tool_format or TAGGED
     reasoning = None
     if "</think>" in text:
         head, text = text.split("</think>", 1)
         reasoning = head.split("<think>", 1)[-1].strip("\n")
     calls, content = [], text
-    for i, found in enumerate(re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)):
+    end = re.escape(fmt.end) if fmt.end else r"\Z"
+    for found in re.finditer(re.escape(fmt.start) + r"(.*?)" + end, text, re.S):
         try:
-            call = json.loads(found.group(1))
-            name, args = call["name"], call.get("arguments", {})
-        except (json.JSONDecodeError, KeyError, TypeError):
+            parsed = fmt.parse(found.group(1), tools)
+        except Exception:  # a parser's own failure: the text stays content
             continue
-        calls.append({"id": f"call_{i}", "type": "function",
-                      "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        for call in parsed:
+            calls.append({"id": f"call_{len(calls)}", "type": "function",
+                          "function": {"name": call.name, "arguments": fmt.arguments_json(call)}})
         content = content.replace(found.group(0), "")
     message = {"role": "assistant", "content": content.strip()}
     if reasoning is not None:

@@ -1,14 +1,17 @@
 """Splitting streamed model text into reasoning, content and tool calls, as it arrives.
 
 Tags can straddle two text chunks, so a tail that could be the start of a tag is held back until
-the next chunk decides it. A tool call is released whole, once its closing tag arrives, with its
-JSON parsed (an unparseable call is released as content, never dropped).
+the next chunk decides it. A tool call is released whole, once its closing tag arrives (or the
+output ends, for formats without one), parsed by the model's tool-call format
+(`mtplx/tool_formats.py`; the `<tool_call>` family by default, JSON or Qwen3.5 XML bodies alike).
+An unparseable call is released as content, never dropped.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from mtplx.tool_formats import TAGGED, ToolFormat
 
 THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE = "<think>", "</think>", "<tool_call>", "</tool_call>"
 TAGS = (THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE)
@@ -23,7 +26,13 @@ class Piece:
 
 
 class ReplyStream:
-    def __init__(self, in_reasoning: bool = False):
+    def __init__(self, in_reasoning: bool = False, tool_format: ToolFormat | None = None, tools: list | None = None):
+        """`tool_format`: the model's (Checkpoint.tool_format), default the `<tool_call>` family;
+        `tools`: the request's tool schemas, which type XML parameter values."""
+        self.format = tool_format or TAGGED
+        self.tools = tools
+        self.open, self.close = self.format.start, self.format.end
+        self.tags = tuple(t for t in (THINK_OPEN, THINK_CLOSE, self.open, self.close) if t)
         self.mode = "reasoning" if in_reasoning else "content"
         self.buffer = ""
         self.call = ""
@@ -35,7 +44,11 @@ class ReplyStream:
         self.buffer += text
         out: list[Piece] = []
         while self.buffer:
-            tag_at, tag = min(((self.buffer.find(t), t) for t in TAGS if t in self.buffer), default=(-1, None))
+            if self.mode == "tool_call" and not self.close:  # the call runs to the end of the output
+                self.call += self.buffer
+                self.buffer = ""
+                break
+            tag_at, tag = min(((self.buffer.find(t), t) for t in self.tags if t in self.buffer), default=(-1, None))
             if tag is None:
                 keep = 0 if final else self._partial_tag_tail()
                 self._emit(out, self.buffer[: len(self.buffer) - keep])
@@ -44,14 +57,17 @@ class ReplyStream:
             self._emit(out, self.buffer[:tag_at])
             self.buffer = self.buffer[tag_at + len(tag) :]
             self._switch(tag, out)
-        if final and self.mode == "tool_call" and self.call:
-            out.append(Piece("content", CALL_OPEN + self.call))  # never closed: show it as text
+        if final and self.mode == "tool_call":
+            if not self.close:
+                out.extend(self._parse_call(self.call))
+            elif self.call:
+                out.append(Piece("content", self.open + self.call))  # never closed: show it as text
             self.call, self.mode = "", "content"
         return [p for p in out if p.text or p.kind == "tool_call"]
 
     def _partial_tag_tail(self) -> int:
-        for n in range(min(len(self.buffer), max(map(len, TAGS)) - 1), 0, -1):
-            if any(t.startswith(self.buffer[-n:]) for t in TAGS):
+        for n in range(min(len(self.buffer), max(map(len, self.tags)) - 1), 0, -1):
+            if any(t.startswith(self.buffer[-n:]) for t in self.tags):
                 return n
         return 0
 
@@ -79,19 +95,16 @@ class ReplyStream:
             self.mode = "reasoning"
         elif tag == THINK_CLOSE:
             self.mode = "content"
-        elif tag == CALL_OPEN:
+        elif tag == self.open:
             self.mode, self.call = "tool_call", ""
-        elif tag == CALL_CLOSE and self.mode == "tool_call":
-            out.append(self._parse_call(self.call))
+        elif tag == self.close and self.mode == "tool_call":
+            out.extend(self._parse_call(self.call))
             self.mode, self.call = "content", ""
 
-    def _parse_call(self, body: str) -> Piece:
+    def _parse_call(self, body: str) -> list[Piece]:
         try:
-            call = json.loads(body)
-            name, args = call["name"], call.get("arguments", {})
-            if not isinstance(name, str):
-                raise TypeError("name")
-        except (json.JSONDecodeError, KeyError, TypeError):
-            return Piece("content", CALL_OPEN + body + CALL_CLOSE)
-        self.tool_calls += 1
-        return Piece("tool_call", name=name, arguments=args if isinstance(args, str) else json.dumps(args))
+            calls = self.format.parse(body, self.tools)
+        except Exception:  # any parser failure (json, regex, a delegated parser's own) shows the text
+            return [Piece("content", self.open + body + self.close)]
+        self.tool_calls += len(calls)
+        return [Piece("tool_call", name=c.name, arguments=self.format.arguments_json(c)) for c in calls]

@@ -1,9 +1,11 @@
 """Loading a local Hugging Face or MLX model directory, keeping its MTP weights.
 
 mlx-lm builds the trunk (so quantised MLX checkpoints and every architecture it knows load as
-usual); its `sanitize` would drop or choke on `mtp.*` keys, so they are split off first and
-loaded into an `MTPHead`. A directory without MTP weights loads and runs without speculation.
-"""
+usual); its `sanitize` would drop or choke on the MTP module's weights (`mtp.*`, or DeepSeek-V3's
+extra `model.layers.N.*`), so they are split off first and loaded into an `MTPHead` in the layout
+the head's own tensors say. A directory without MTP weights, or of an architecture mtplx cannot
+speculate with, loads and runs autoregressively with one notice saying why.
+""" 
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtplx.engine.generation_config import GenerationConfig
 from mtplx.errors import ModelLoadError
 
 _HASH_EDGE = 4 << 20  # bytes hashed at each end of a weight file (see model_identity)
@@ -29,6 +32,9 @@ class Checkpoint:
     identity: str
     model_type: str
     extras: dict = field(default_factory=dict)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    mtp_notice: str | None = None  # why this checkpoint decodes autoregressively, when it does
+    tool_format: Any = None  # mtplx.tool_formats.ToolFormat chosen from the template, or None
 
     @property
     def has_mtp(self) -> bool:
@@ -57,13 +63,14 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def model_identity(path: Path) -> str:
-    """A short stable hash of config, template and weights.
+def model_identity(path: Path, compute: str = "") -> str:
+    """A short stable hash of config, template and weights (and `compute`, the dtype the weights
+    were cast to at load, if any: a bank entry computed in bf16 must not restore into fp32).
 
     Whole multi-GB weight files are not read at start-up: each contributes its size and a hash
     of its first and last 4 MiB, which changes whenever the tensors (or their header) change.
     """
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"compute:{compute}".encode() if compute else b"")
     for name in ("config.json", "tokenizer_config.json", "chat_template.jinja", "tokenizer.json"):
         if (path / name).is_file():
             digest.update(name.encode() + (path / name).read_bytes())
@@ -91,43 +98,112 @@ def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
     from mlx_lm.tokenizer_utils import load as load_tokenizer
     from mlx_lm.utils import load_model
 
-    from mtplx.engine.mtp_head import build_mtp_head, sanitize_mtp_weights
+    from mtplx import catalog, hub_cache, tool_formats
+    from mtplx.engine import mtp_head as heads
+    from mtplx.engine.compute import prepare as prepare_compute
+    from mtplx.engine.sampling import SamplingParams
 
     path = Path(path).expanduser().resolve()
     config = read_config(path)
     files = weight_files(path)
     model_cls, args_cls = _architecture(config, path / "config.json")
-    mtp_weights: dict[str, Any] = {}
-    layout = {"hf": False}
+    generation = GenerationConfig.read(path, config)
+    try:
+        generation.defaults(SamplingParams())
+    except ValueError as exc:
+        raise ModelLoadError(f"{path / 'generation_config.json'}: {exc}") from exc
+    model_type = config["model_type"]
+    text = config.get("text_config", config)
+    layers = int(text.get("num_hidden_layers") or 0)
+    head_weights: dict[str, Any] = {}
+    trunk_sanitize = {}
 
-    class KeepingMTP(model_cls):  # split mtp.* off before the architecture's own sanitize
+    class KeepingMTP(model_cls):  # split the MTP module off before the architecture's own sanitize
         def sanitize(self, weights):
-            # HF-layout conv1d (C,1,K) means this file also stores norms zero-centred.
-            layout["hf"] = any("conv1d.weight" in k and v.shape[-1] != 1 for k, v in weights.items())
-            mtp_weights.update({k: v for k, v in weights.items() if k.startswith("mtp.")})
-            rest = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
-            return super().sanitize(rest) if hasattr(model_cls, "sanitize") else rest
+            rest, head = heads.split_mtp_weights(weights, model_type, layers)
+            head_weights.update(head)
+            trunk_sanitize["fn"] = super().sanitize if hasattr(model_cls, "sanitize") else None
+            return trunk_sanitize["fn"](rest) if trunk_sanitize["fn"] else rest
 
     try:
         model, config = load_model(path, get_model_classes=lambda config: (KeepingMTP, args_cls))
-    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+    except (ValueError, KeyError, TypeError, RuntimeError, AttributeError, IndexError) as exc:
         raise ModelLoadError(f"{files[0] if len(files) == 1 else path}: weights do not fit the architecture in config.json ({exc})") from exc
     try:
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path, eos_token_ids=list(generation.eos_token_ids) or None)
     except Exception as exc:  # tokenizers raise many unrelated types for a bad file
         raise ModelLoadError(f"{path / 'tokenizer.json'}: tokenizer could not be loaded ({type(exc).__name__}: {exc})") from exc
 
-    mtp = None
-    if mtp_weights:
-        model_type = config["model_type"]
-        text_args = getattr(getattr(model, "language_model", None), "args", None) or model.args
-        mtp = build_mtp_head(model_type, model.args, text_args)
-        try:
-            mtp.load_weights(list(sanitize_mtp_weights(mtp_weights, zero_centred=layout["hf"]).items()), strict=True)
-        except ValueError as exc:
-            raise ModelLoadError(f"{path}: mtp.* weights do not fit one {model_type} decoder layer ({exc})") from exc
-        mtp.set_dtype(model.model.embed_tokens.weight.dtype)
+    moe_on_cpu = _moe_to_float32(model) if mx.default_device() == mx.cpu else False
+    mtp, notice = None, catalog.mtp_notice(config, bool(head_weights))
+    if head_weights and notice is None:
+        mtp = _load_head(model, model_type, head_weights, trunk_sanitize.get("fn"), layers, path)
+    if moe_on_cpu and mtp is not None:
+        mtp.set_dtype(mx.float32)
+    if mtp is not None:
         mx.eval(mtp.parameters())
-    return Checkpoint(name=name or path.name, path=path, config=config, model=model, tokenizer=tokenizer,
-                      mtp=mtp, identity=model_identity(path), model_type=config["model_type"])
+    compute = prepare_compute(model, mtp)  # the CPU fast path: fp32 weights (see engine/compute.py)
+    return Checkpoint(name=name or hub_cache.repo_id_of(path) or path.name, path=path, config=config, model=model,
+                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path, "fp32" if compute.cast else ""),
+                      model_type=model_type, extras={"moe_float32": moe_on_cpu, "compute": compute.label},
+                      generation=generation, mtp_notice=notice,
+                      tool_format=tool_formats.detect(tokenizer))
 
+
+def _text_model(model):
+    return getattr(model, "language_model", model)
+
+
+def _float_dtype(model):
+    """The trunk's compute dtype: the embedding's, or its scales' when the embedding is quantized."""
+    embed = _text_model(model).model.embed_tokens
+    return embed.scales.dtype if hasattr(embed, "scales") else embed.weight.dtype
+
+
+def _moe_to_float32(model) -> bool:
+    """MLX's CPU backend runs the mixture-of-experts matmul (`gather_mm`) in float32 only, so a
+    bf16 MoE trunk is computed in float32 on CPU (quantized weights stay packed)."""
+    import mlx.core as mx
+    from mlx_lm.models.switch_layers import SwitchGLU
+
+    has_moe = any(isinstance(m, SwitchGLU) for _, m in model.named_modules())
+    if not has_moe or _float_dtype(model) == mx.float32:
+        return False
+    model.set_dtype(mx.float32)
+    return True
+
+
+def _load_head(model, model_type: str, weights: dict, trunk_sanitize, layers: int, path: Path):
+    import mlx.core as mx
+
+    from mtplx.engine import mtp_head as heads
+
+    text_args = getattr(_text_model(model), "args", None) or model.args
+    try:
+        if model_type == "deepseek_v3" and trunk_sanitize is not None:
+            # The architecture's own sanitize converts the layer (kv_b_proj split, expert stacking,
+            # fp8), run on the head's layer renamed as the trunk's last one.
+            at = f"model.layers.{layers - 1}."
+            renamed = {at + k[len("layers.0."):]: v for k, v in weights.items() if k.startswith("layers.0.")}
+            converted = trunk_sanitize(renamed)
+            weights = {k: v for k, v in weights.items() if not k.startswith("layers.0.")}
+            weights.update({"layers.0." + k[len(at):]: v for k, v in converted.items() if k.startswith(at)})
+        experts = int(getattr(text_args, "num_experts", 0) or getattr(text_args, "n_routed_experts", 0) or 0)
+        weights = heads.sanitize_mtp_weights(weights, model_type, experts)
+        mtp = heads.build_mtp_head(model_type, model.args, text_args)
+        if any(k.endswith(".scales") for k in weights):
+            heads.quantize_like(mtp, weights)
+        mtp.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise ModelLoadError(f"{path}: the MTP weights do not fit one {model_type} decoder layer ({exc})") from exc
+    # Cast only the head's float tensors to the trunk's float dtype; packed weights keep theirs.
+    dtype = _float_dtype(model)
+    mtp.update(_cast_floats(mtp.parameters(), dtype))
+    return mtp
+
+
+def _cast_floats(tree, dtype):
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    return tree_map(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a, tree)

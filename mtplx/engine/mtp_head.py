@@ -4,14 +4,28 @@ Given the trunk's (post-norm) hidden state at position t and the embedding of to
 predicts token t+2 through one decoder layer of the model's own architecture. Its output hidden
 state can be fed back in with the next drafted token, which is how drafts deeper than one are
 chained. Embeddings and the output projection are shared with the trunk.
+
+DeepSeek-V3 stores the same module as an extra trunk layer, `model.layers.N.*` (N =
+num_hidden_layers): enorm / hnorm / eh_proj / shared_head.norm map onto the names below, and its
+copies of the embedding and LM head are dropped (they equal the trunk's).
+
+The head's own tensors decide its layout, never the trunk's: a head copied from a Hugging Face file
+into a converted MLX trunk keeps zero-centred norms (w - 1) and per-expert MoE weights even though
+the trunk around it was converted.
 """
 
 from __future__ import annotations
+
+import re
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
+# Families whose RMSNorm computes x * (1 + w) in the Hugging Face files; mlx-lm stores 1 + w.
+ZERO_CENTRED = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+_DEEPSEEK = {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "eh_proj": "fc",
+             "shared_head.norm": "norm"}
 
 
 class MTPHead(nn.Module):
@@ -30,26 +44,100 @@ class MTPHead(nn.Module):
 
 
 def build_mtp_head(model_type: str, args, text_args) -> MTPHead:
-    """One MTP decoder layer of the trunk's own kind (full attention for hybrids)."""
+    """One MTP decoder layer of the trunk's own kind (full attention for hybrids, MoE where the
+    trunk's last layer is MoE)."""
     if model_type == "qwen3":
         from mlx_lm.models.qwen3 import TransformerBlock
 
         block = TransformerBlock(args)
-    elif model_type in ("qwen3_5", "qwen3_next"):
-        module = __import__(f"mlx_lm.models.{model_type}", fromlist=["DecoderLayer"])
+    elif model_type in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
+        module = __import__(f"mlx_lm.models.{'qwen3_next' if model_type == 'qwen3_next' else 'qwen3_5'}",
+                            fromlist=["DecoderLayer"])
         block = module.DecoderLayer(text_args, layer_idx=text_args.full_attention_interval - 1)
+    elif model_type == "deepseek_v3":
+        from mlx_lm.models.deepseek_v3 import DeepseekV3DecoderLayer
+
+        block = DeepseekV3DecoderLayer(text_args, text_args.num_hidden_layers)
     else:
-        raise ValueError(f"MTP weights for model_type {model_type!r} are not supported (qwen3, qwen3_5, qwen3_next are)")
+        raise ValueError(f"MTP weights for model_type {model_type!r} are not supported "
+                         "(qwen3, qwen3_5, qwen3_5_moe, qwen3_next, deepseek_v3 are)")
     return MTPHead(block, text_args.hidden_size, text_args.rms_norm_eps)
 
 
-def sanitize_mtp_weights(weights: dict[str, mx.array], zero_centred: bool) -> dict[str, mx.array]:
-    """Strip the `mtp.` prefix; shift zero-centred norms the way mlx-lm shifts the trunk's."""
-    out = {}
+def split_mtp_weights(weights: dict, model_type: str, num_hidden_layers: int) -> tuple[dict, dict]:
+    """(trunk weights, head weights named as MTPHead's parameters) from a checkpoint's tensors."""
+    head, trunk = {}, {}
+    extra = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.(.*)$")
     for key, value in weights.items():
-        key = key.split("mtp.", 1)[1]
-        # Every 1-D weight of the MTP head is an RMSNorm; Qwen3.5/Qwen3-Next HF files store them w - 1.
-        if zero_centred and value.ndim == 1 and "norm" in key:
-            value = value + 1.0
-        out[key] = value
-    return out
+        if key.startswith("mtp.") or ".mtp." in key:
+            head[key.split("mtp.", 1)[1]] = value
+            continue
+        found = extra.match(key) if model_type == "deepseek_v3" else None
+        if found and int(found.group(1)) >= num_hidden_layers:
+            if int(found.group(1)) == num_hidden_layers:  # only the first MTP module drafts
+                name = found.group(2)
+                for old, new in _DEEPSEEK.items():
+                    if name.startswith(old + "."):
+                        name = new + name[len(old):]
+                        break
+                else:
+                    if name.startswith(("embed_tokens.", "shared_head.head.")):
+                        continue  # copies of the trunk's embedding and LM head
+                    name = "layers.0." + name
+                head[name] = value
+            continue
+        trunk[key] = value
+    return trunk, head
+
+
+def zero_centred(head: dict) -> bool:
+    """Whether the head's RMSNorm weights are stored w - 1 (Hugging Face Qwen3.5 / Qwen3-Next files):
+    centred near 0, where the stored 1 + w of a converted head sits near 1."""
+    norms = [v for k, v in head.items() if v.ndim == 1 and "norm" in k and k.endswith("weight")]
+    if not norms:
+        return False
+    mean = mx.mean(mx.concatenate([n.astype(mx.float32) for n in norms])).item()
+    return abs(mean) < 0.5
+
+
+def sanitize_mtp_weights(head: dict, model_type: str, experts: int = 0, shift: bool | None = None) -> dict:
+    """Head weights (MTPHead names) in the layout the module expects: per-expert or fused MoE
+    weights stacked the way the trunk's sanitize stacks them, and zero-centred norms shifted by +1
+    when the head's own tensors say so (`shift` forces the decision)."""
+    out = dict(head)
+    prefix = "layers.0.mlp."
+    if f"{prefix}experts.gate_up_proj" in out:  # Qwen3.5-MoE fuses gate and up: (E, 2I, H)
+        gate_up = out.pop(f"{prefix}experts.gate_up_proj")
+        mid = gate_up.shape[-2] // 2
+        out[f"{prefix}switch_mlp.gate_proj.weight"] = gate_up[..., :mid, :]
+        out[f"{prefix}switch_mlp.up_proj.weight"] = gate_up[..., mid:, :]
+        out[f"{prefix}switch_mlp.down_proj.weight"] = out.pop(f"{prefix}experts.down_proj")
+    n = max([int(m.group(1)) + 1 for k in out if (m := re.match(r"layers\.0\.mlp\.experts\.(\d+)\.", k))] + [0])
+    if n:
+        if experts and n != experts:
+            raise ValueError(f"the MTP layer has {n} experts, the trunk {experts}")
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            for part in ("weight", "scales", "biases"):
+                if f"{prefix}experts.0.{proj}.{part}" in out:
+                    out[f"{prefix}switch_mlp.{proj}.{part}"] = mx.stack(
+                        [out.pop(f"{prefix}experts.{e}.{proj}.{part}") for e in range(n)])
+    if shift is None:
+        shift = model_type in ZERO_CENTRED and zero_centred(out)
+    if shift:
+        for key, value in out.items():
+            if value.ndim == 1 and "norm" in key and key.endswith("weight"):
+                out[key] = value + 1.0
+    return {k: v for k, v in out.items() if "rotary_emb.inv_freq" not in k}
+
+
+def quantize_like(head: MTPHead, weights: dict) -> None:
+    """Quantize exactly the head's layers whose weights arrive quantized (group size and bits read
+    from each tensor's shape, as mlx-lm reads the trunk's)."""
+    from mlx_lm.utils import infer_quant_config
+
+    def predicate(path, module):
+        if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
+            return False
+        return infer_quant_config(path, module, weights)
+
+    nn.quantize(head, class_predicate=predicate)

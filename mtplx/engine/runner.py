@@ -17,11 +17,14 @@ class ModelRunner:
         self.checkpoint = checkpoint
         self.model = checkpoint.model
         self.mtp = checkpoint.mtp
-        # mlx-lm models expose `.model` (the text model, returning post-norm hidden states).
-        self.inner = self.model.model
+        # mlx-lm models expose `.model` (the text model, returning post-norm hidden states); a
+        # multimodal wrapper (Gemma 3, Qwen3.5) holds it under `.language_model`.
         outer = getattr(self.model, "language_model", self.model)
-        tied = getattr(outer.args, "tie_word_embeddings", False) or not hasattr(outer, "lm_head")
+        self.inner = outer.model
+        tied = getattr(outer.args, "tie_word_embeddings", False) or getattr(outer, "tie_word_embeddings", False) \
+            or not hasattr(outer, "lm_head")
         self._project = self.inner.embed_tokens.as_linear if tied else outer.lm_head
+        self._head_transform = head_transform(outer)
         self.has_recurrent = any(hasattr(layer, "linear_attn") for layer in self.model.layers)
         self.can_capture = gdn_capture.install(self.model) if self.has_recurrent else True
 
@@ -38,7 +41,7 @@ class ModelRunner:
         return self.inner(mx.array([tokens]), cache=cache)
 
     def logits(self, hidden: mx.array) -> mx.array:
-        return self._project(hidden).astype(mx.float32)
+        return self._head_transform(self._project(hidden)).astype(mx.float32)
 
     def embed(self, tokens: list[int]) -> mx.array:
         return self.inner.embed_tokens(mx.array([tokens]))
@@ -46,3 +49,25 @@ class ModelRunner:
     def draft_hidden(self, hidden: mx.array, next_tokens: list[int], mtp_cache: KVCache) -> mx.array:
         """MTP head over (hidden[t], token[t+1]) pairs; returns its hidden states (1, T, H)."""
         return self.mtp(hidden, self.embed(next_tokens), mtp_cache)
+
+
+def head_transform(outer):
+    """What the model's own `__call__` does to the projected logits after the LM head, so that
+    the runner's logits equal the model's: Gemma's final softcap, Cohere's logit_scale,
+    Granite's logits_scaling."""
+    args = getattr(outer, "args", None)
+    cap = getattr(outer, "final_logit_softcapping", None) or getattr(args, "final_logit_softcapping", None)
+    scale = getattr(args, "logit_scale", None) if getattr(args, "model_type", "") in ("cohere", "cohere2") else None
+    divide = getattr(outer, "logits_scaling", None) or (getattr(args, "logits_scaling", None)
+                                                        if getattr(args, "model_type", "") == "granite" else None)
+
+    def transform(logits: mx.array) -> mx.array:
+        if scale:
+            logits = logits * scale
+        if divide:
+            logits = logits / divide
+        if cap:
+            logits = mx.tanh(logits / cap) * cap
+        return logits
+
+    return transform

@@ -1,0 +1,160 @@
+"""Tool-call formats: how a model writes a tool call, and how to read one back.
+
+A format is a pair of delimiters and a body parser. The `<tool_call>` family is read here: a JSON
+object (Qwen3, Hermes, the embedded models), Qwen3.5 / Qwen3-Coder XML
+(`<function=name><parameter=k>v</parameter></function>`), GLM `<arg_key>` pairs; the body decides
+which, so a stream needs no knowledge of the model for them. The other formats mlx-lm's tokenizer
+wrapper recognises (Mistral `[TOOL_CALLS]`, pythonic, Kimi, MiniMax, Gemma, LongCat, ...) use
+mlx-lm's own parser for the body, imported only when such a model is loaded.
+
+This module knows text and JSON, never tokens, arrays or requests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
+_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict | str  # a mapping, or the model's text when it is not one
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    start: str
+    end: str  # "" when a call runs to the end of the output
+    parse_body: Callable[[str, list | None], list[ToolCall]]
+
+    def parse(self, body: str, tools: list | None = None) -> list[ToolCall]:
+        """The calls in the text between the delimiters; ValueError when it holds none."""
+        calls = self.parse_body(body, tools)
+        if not calls:
+            raise ValueError("no tool call")
+        return calls
+
+    def arguments_json(self, call: ToolCall) -> str:
+        return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments, ensure_ascii=False)
+
+
+def _tagged_body(body: str, tools: list | None) -> list[ToolCall]:
+    text = body.strip()
+    if text.startswith("{"):
+        call = json.loads(text)
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise ValueError("a JSON tool call needs a string 'name'")
+        args = call.get("arguments", call.get("parameters", {}))
+        return [ToolCall(call["name"], args if isinstance(args, (dict, str)) else json.dumps(args))]
+    if "<function=" in text:
+        return [ToolCall(name, _xml_arguments(name, inner, tools)) for name, inner in _FUNCTION.findall(text)]
+    if "<arg_key>" in text:
+        return _delegated("glm47")(body, tools)
+    raise ValueError("neither a JSON object nor a <function=...> block")
+
+
+def _xml_arguments(name: str, inner: str, tools: list | None) -> dict:
+    """Parameter values are text; a tool schema that types a parameter as non-string decides
+    whether the text is read as JSON (numbers, booleans, objects), as Qwen's own parser does."""
+    schema = _properties(name, tools)
+    out = {}
+    for key, value in _PARAMETER.findall(inner):
+        value = value[1:] if value.startswith("\n") else value
+        value = value[:-1] if value.endswith("\n") else value
+        kind = str((schema.get(key) or {}).get("type", "string" if schema else "")).lower()
+        if kind not in ("string", "str", "text", "") or (not schema and _looks_like_json(value)):
+            try:
+                out[key] = json.loads(value)
+                continue
+            except json.JSONDecodeError:
+                pass
+        out[key] = value
+    return out
+
+
+def _looks_like_json(value: str) -> bool:
+    # Without a schema only unambiguous non-strings are converted; anything else stays text.
+    return value in ("true", "false", "null") or bool(_NUMBER.fullmatch(value))
+
+
+def _properties(name: str, tools: list | None) -> dict:
+    for tool in tools or ():
+        fn = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if fn.get("name") == name:
+            return (fn.get("parameters") or fn.get("input_schema") or {}).get("properties") or {}
+    return {}
+
+
+def _delegated(module_name: str) -> Callable[[str, list | None], list[ToolCall]]:
+    def parse(body: str, tools: list | None) -> list[ToolCall]:
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{module_name}")
+        found = module.parse_tool_call(body, tools)
+        found = found if isinstance(found, list) else [found]
+        out = []
+        for call in found:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                raise ValueError(f"{module_name} parser returned {call!r}")
+            args = call.get("arguments", {})
+            out.append(ToolCall(call["name"], args if isinstance(args, (dict, str)) else json.dumps(args)))
+        return out
+
+    return parse
+
+
+TAGGED = ToolFormat("tool_call", "<tool_call>", "</tool_call>", _tagged_body)
+
+# mlx-lm parser module -> its delimiters (the values its modules define).
+_OTHERS = {
+    "mistral": ("[TOOL_CALLS]", ""),
+    "pythonic": ("<|tool_call_start|>", "<|tool_call_end|>"),
+    "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+    "kimi_k3": ("<|open|>tools<|sep|>", "<|close|>tools<|sep|>"),
+    "minimax_m2": ("<minimax:tool_call>", "</minimax:tool_call>"),
+    "gemma4": ("<|tool_call>", "<tool_call|>"),
+    "function_gemma": ("<start_function_call>", "<end_function_call>"),
+    "longcat": ("<longcat_tool_call>", "</longcat_tool_call>"),
+    "minicpm5": ("<function name=", "</function>"),
+    "muse_spark": ("<atem:function_calls>", "</atem:function_calls>"),
+}
+FORMATS = {"tool_call": TAGGED, **{name: ToolFormat(name, s, e, _delegated(name)) for name, (s, e) in _OTHERS.items()}}
+# mlx-lm names the `<tool_call>` bodies separately; they are one format here.
+_FAMILY = {"json_tools": "tool_call", "qwen3_coder": "tool_call", "glm47": "tool_call", "laguna": "tool_call"}
+
+
+def by_name(name: str) -> ToolFormat:
+    name = _FAMILY.get(name, name)
+    if name not in FORMATS:
+        raise ValueError(f"unknown tool-call format {name!r} (known: {', '.join(sorted(FORMATS))})")
+    if name in _OTHERS:  # the delimiters must still match the installed mlx-lm's
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+        fmt = FORMATS[name]
+        if (module.tool_call_start, module.tool_call_end) != (fmt.start, fmt.end):
+            return ToolFormat(name, module.tool_call_start, module.tool_call_end, fmt.parse_body)
+    return FORMATS[name]
+
+
+def detect(tokenizer) -> ToolFormat | None:
+    """The format mlx-lm's tokenizer wrapper chose from the model's template or vocabulary."""
+    parser = getattr(tokenizer, "tool_parser", None)
+    module = getattr(parser, "__module__", "") or ""
+    if not module.startswith("mlx_lm.tool_parsers."):
+        return None
+    try:
+        return by_name(module.rsplit(".", 1)[1])
+    except ValueError:
+        return None
+
+
+def template_iterates_arguments(template: str | None) -> bool:
+    """Whether a chat template walks tool-call arguments as a mapping (Qwen3.5 / Qwen3-Coder:
+    `arguments|items`), so arguments sent as a JSON string must reach it parsed."""
+    return bool(template) and bool(re.search(r"arguments\s*\|\s*items|arguments\.items\(\)", template))
