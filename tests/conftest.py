@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import mtplx  # noqa: F401  -- loads the CPU fast path's BLAS before any test module imports MLX
+
 
 @pytest.fixture(autouse=True)
 def mtplx_home(tmp_path, monkeypatch):

@@ -85,6 +85,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def health():
         # 503 once the engine cannot serve, so a supervisor or load balancer sees it.
         report = {"status": "ok" if engine.alive else "unavailable", "model": model_name, **engine.health()}
+        # Which compute path runs the model ('cpu fp32 + mkl', 'metal', ...; see mtplx/fast_path.py).
+        report["compute"] = getattr(getattr(engine, "checkpoint", None), "extras", {}).get("compute")
         return JSONResponse(report, status_code=200 if engine.alive else 503)
 
     @app.get("/v1/models")

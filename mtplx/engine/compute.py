@@ -1,0 +1,41 @@
+"""The compute path of a loaded model: fp32 weights on the CPU backend when the fast path is on.
+
+MLX's CPU backend sends only fp32 matmuls to BLAS (MKL when mtplx/fast_path.py loaded it); bf16
+runs in MLX's own scalar loops. So a bf16 checkpoint is cast to fp32 once, at load, when the
+fast path allows (mtplx.fast_path.use_fp32). Knows parameters and dtypes, never requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from mtplx import fast_path
+
+
+@dataclass(frozen=True)
+class ComputePath:
+    label: str  # 'cpu fp32 + mkl', 'cpu bf16 reference blas', 'metal', ...
+    cast: bool  # weights were cast from their stored dtype (the bank keys entries by this too)
+
+
+def _floats(module) -> list[mx.array]:
+    return [v for _, v in tree_flatten(module.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
+
+
+def prepare(model, mtp=None) -> ComputePath:
+    """Cast `model` (and the MTP head) to fp32 where the fast path says so; name the path."""
+    on_cpu = mx.default_device() == mx.cpu
+    floats = _floats(model) + (_floats(mtp) if mtp is not None else [])
+    cast = (any(v.dtype != mx.float32 for v in floats)
+            and fast_path.use_fp32(on_cpu, sum(v.size for v in floats) * 4))
+    if cast:
+        # set_dtype's default predicate casts float tensors only: packed quantized weights stay.
+        for module in filter(None, (model, mtp)):
+            module.set_dtype(mx.float32)
+            mx.eval(module.parameters())
+        floats = _floats(model)
+    dtype = {mx.float32: "fp32", mx.bfloat16: "bf16", mx.float16: "fp16"}.get(floats[0].dtype if floats else None, "mixed")
+    return ComputePath(fast_path.label(on_cpu, dtype, fast_path.activate()), cast)

@@ -1,0 +1,121 @@
+"""The CPU fast path: Intel MKL's BLAS under MLX's CPU backend, and fp32 compute there.
+
+MLX's Linux CPU wheel calls a bundled reference BLAS (fp32 matmul ~6 GFLOP/s on a 2-core box);
+the `mkl` wheel from PyPI (a Linux x86_64 dependency of mtplx) does ~350. libmlx resolves
+`cblas_sgemm` through the global symbol scope first, so loading libmkl_rt with RTLD_GLOBAL
+*before* `mlx.core` is first imported routes every fp32 matmul to MKL — no LD_PRELOAD, no re-exec.
+`import mtplx` does that (see mtplx/__init__.py); a process that imported MLX earlier keeps the
+reference BLAS and says so. bf16 matmuls never reach BLAS on CPU, so on the CPU backend weights
+are cast to fp32 at load (when they fit in memory twice over).
+
+Knows the platform, the environment and which library it loaded; never imports MLX itself.
+MTPLX_FAST_PATH=off turns all of it off (weights as stored, reference BLAS).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = "MTPLX_FAST_PATH"
+_MKL_NAMES = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so")
+
+
+@dataclass(frozen=True)
+class Blas:
+    """What BLAS MLX's CPU backend got in this process: 'mkl', 'reference', or 'none' (not Linux)."""
+
+    kind: str
+    library: str | None = None
+    reason: str | None = None  # why not MKL, when that was wanted
+
+    def __post_init__(self):
+        if self.kind not in ("mkl", "reference", "none"):
+            raise ValueError(f"unknown BLAS kind {self.kind!r} (mkl, reference, none)")
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def mkl_library() -> Path | None:
+    """libmkl_rt from the `mkl` wheel: <prefix>/lib of this environment (or a --user install)."""
+    import site
+
+    for base in dict.fromkeys((sys.prefix, sys.base_prefix, site.getuserbase())):
+        for name in _MKL_NAMES:
+            if (Path(base) / "lib" / name).is_file():
+                return Path(base) / "lib" / name
+    return None
+
+
+def _unavailable() -> str | None:
+    """Why MKL cannot be used here (None: it can)."""
+    if sys.platform != "linux":
+        return "not Linux"
+    if not wanted():
+        return f"{ENV}=off"
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"no MKL wheel for {platform.machine()}"
+    if mkl_library() is None:
+        return f"libmkl_rt.so.3 not found under {sys.prefix}/lib (pip install mkl)"
+    return None
+
+
+@functools.cache
+def activate() -> Blas:
+    """Load MKL into the global symbol scope if it can still reach MLX; idempotent, ~1 ms."""
+    if sys.platform != "linux":
+        return Blas("none")
+    reason = _unavailable()
+    if reason is None and "mlx.core" in sys.modules:
+        reason = "mlx.core was imported before mtplx, so MLX already bound its reference BLAS"
+    if reason is not None:
+        return Blas("reference", reason=reason)
+    library = mkl_library()
+    try:
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        return Blas("reference", reason=f"{library} did not load ({exc})")
+    return Blas("mkl", library=str(library))
+
+
+def predicted() -> str:
+    """The compute path a model loaded in a fresh mtplx process gets here (no MLX import)."""
+    if sys.platform == "darwin":
+        return "metal"
+    if not wanted():
+        return "cpu, weights as stored, reference blas"
+    return "cpu fp32 + mkl" if _unavailable() is None else "cpu fp32 reference blas"
+
+
+def use_fp32(on_cpu: bool, fp32_bytes: int) -> bool:
+    """Cast weights to fp32? Only on the CPU backend, with the fast path on, and when the fp32
+    copy takes at most half of physical memory (a large bf16 checkpoint stays as stored)."""
+    if not (on_cpu and wanted()):
+        return False
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return True
+    return fp32_bytes <= physical // 2
+
+
+def label(on_cpu: bool, dtype: str, blas: Blas) -> str:
+    """'cpu fp32 + mkl', 'cpu bf16 reference blas', 'metal', ... for /health and `mtplx models`."""
+    if not on_cpu:
+        return "metal" if sys.platform == "darwin" else "gpu"
+    return f"cpu {dtype} + mkl" if blas.kind == "mkl" else f"cpu {dtype} reference blas"
+
+
+def notice(blas: Blas) -> str | None:
+    """The one line a CLI prints when the fast path was wanted on Linux and is not active."""
+    if blas.kind != "reference" or not wanted():
+        return None
+    return (f"mtplx: CPU fast path unavailable ({blas.reason}); fp32 matmuls use MLX's reference BLAS, "
+            f"~50x slower. {ENV}=off silences this.")
