@@ -93,60 +93,73 @@ def _architecture(config: dict, config_file: Path):
         raise ModelLoadError(f"{config_file}: model_type {config['model_type']!r} is not an architecture mlx-lm supports") from exc
 
 
-def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
-    import mlx.core as mx
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
+@dataclass
+class Trunk:
+    """A loaded trunk, and the MTP module's weights split off before the trunk saw them."""
+
+    model: Any
+    config: dict
+    head_weights: dict
+    sanitize: Any  # the architecture's own sanitize (the head's layer may need it), or None
+
+
+def load_trunk(path: Path) -> Trunk:
     from mlx_lm.utils import load_model
 
-    from mtplx import catalog, hub_cache, tool_formats
     from mtplx.engine import mtp_head as heads
-    from mtplx.engine.compute import prepare as prepare_compute
-    from mtplx.engine.sampling import SamplingParams
 
-    path = Path(path).expanduser().resolve()
     config = read_config(path)
     files = weight_files(path)
     model_cls, args_cls = _architecture(config, path / "config.json")
-    generation = GenerationConfig.read(path, config)
-    try:
-        generation.defaults(SamplingParams())
-    except ValueError as exc:
-        raise ModelLoadError(f"{path / 'generation_config.json'}: {exc}") from exc
     model_type = config["model_type"]
-    text = config.get("text_config", config)
-    layers = int(text.get("num_hidden_layers") or 0)
+    layers = int(config.get("text_config", config).get("num_hidden_layers") or 0)
     head_weights: dict[str, Any] = {}
-    trunk_sanitize = {}
+    own = {}
 
     class KeepingMTP(model_cls):  # split the MTP module off before the architecture's own sanitize
         def sanitize(self, weights):
             rest, head = heads.split_mtp_weights(weights, model_type, layers)
             head_weights.update(head)
-            trunk_sanitize["fn"] = super().sanitize if hasattr(model_cls, "sanitize") else None
-            return trunk_sanitize["fn"](rest) if trunk_sanitize["fn"] else rest
+            own["sanitize"] = super().sanitize if hasattr(model_cls, "sanitize") else None
+            return own["sanitize"](rest) if own["sanitize"] else rest
 
     try:
         model, config = load_model(path, get_model_classes=lambda config: (KeepingMTP, args_cls))
     except (ValueError, KeyError, TypeError, RuntimeError, AttributeError, IndexError) as exc:
         raise ModelLoadError(f"{files[0] if len(files) == 1 else path}: weights do not fit the architecture in config.json ({exc})") from exc
+    return Trunk(model, config, head_weights, own.get("sanitize"))
+
+
+def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
+    import mlx.core as mx
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from mtplx import catalog, hub_cache, tool_formats
+    from mtplx.engine.sampling import SamplingParams
+
+    path = Path(path).expanduser().resolve()
+    generation = GenerationConfig.read(path, read_config(path))
+    try:
+        generation.defaults(SamplingParams())
+    except ValueError as exc:
+        raise ModelLoadError(f"{path / 'generation_config.json'}: {exc}") from exc
+    trunk = load_trunk(path)
+    model, config = trunk.model, trunk.config
+    model_type = config["model_type"]
     try:
         tokenizer = load_tokenizer(path, eos_token_ids=list(generation.eos_token_ids) or None)
     except Exception as exc:  # tokenizers raise many unrelated types for a bad file
         raise ModelLoadError(f"{path / 'tokenizer.json'}: tokenizer could not be loaded ({type(exc).__name__}: {exc})") from exc
 
     moe_on_cpu = _moe_to_float32(model) if mx.default_device() == mx.cpu else False
-    mtp, notice = None, catalog.mtp_notice(config, bool(head_weights))
-    if head_weights and notice is None:
-        mtp = _load_head(model, model_type, head_weights, trunk_sanitize.get("fn"), layers, path)
-    if moe_on_cpu and mtp is not None:
-        mtp.set_dtype(mx.float32)
+    mtp, notice = None, catalog.mtp_notice(config, bool(trunk.head_weights))
+    if trunk.head_weights and notice is None:
+        mtp = load_head(trunk, path)
     if mtp is not None:
         mx.eval(mtp.parameters())
-    compute = prepare_compute(model, mtp)  # the CPU fast path: fp32 weights (see engine/compute.py)
     return Checkpoint(name=name or hub_cache.repo_id_of(path) or path.name, path=path, config=config, model=model,
-                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path, "fp32" if compute.cast else ""),
-                      model_type=model_type, extras={"moe_float32": moe_on_cpu, "compute": compute.label},
-                      generation=generation, mtp_notice=notice,
+                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path), model_type=model_type,
+                      extras={"moe_float32": moe_on_cpu}, generation=generation, mtp_notice=notice,
                       tool_format=tool_formats.detect(tokenizer))
 
 
@@ -173,19 +186,20 @@ def _moe_to_float32(model) -> bool:
     return True
 
 
-def _load_head(model, model_type: str, weights: dict, trunk_sanitize, layers: int, path: Path):
-    import mlx.core as mx
-
+def load_head(trunk: Trunk, path: Path):
+    """The MTP head in MLX layout, its float tensors in the trunk's float dtype."""
     from mtplx.engine import mtp_head as heads
 
+    model, model_type, weights = trunk.model, trunk.config["model_type"], trunk.head_weights
     text_args = getattr(_text_model(model), "args", None) or model.args
+    layers = text_args.num_hidden_layers
     try:
-        if model_type == "deepseek_v3" and trunk_sanitize is not None:
+        if model_type == "deepseek_v3" and trunk.sanitize is not None:
             # The architecture's own sanitize converts the layer (kv_b_proj split, expert stacking,
             # fp8), run on the head's layer renamed as the trunk's last one.
             at = f"model.layers.{layers - 1}."
             renamed = {at + k[len("layers.0."):]: v for k, v in weights.items() if k.startswith("layers.0.")}
-            converted = trunk_sanitize(renamed)
+            converted = trunk.sanitize(renamed)
             weights = {k: v for k, v in weights.items() if not k.startswith("layers.0.")}
             weights.update({"layers.0." + k[len(at):]: v for k, v in converted.items() if k.startswith(at)})
         experts = int(getattr(text_args, "num_experts", 0) or getattr(text_args, "n_routed_experts", 0) or 0)
@@ -197,8 +211,7 @@ def _load_head(model, model_type: str, weights: dict, trunk_sanitize, layers: in
     except ValueError as exc:
         raise ModelLoadError(f"{path}: the MTP weights do not fit one {model_type} decoder layer ({exc})") from exc
     # Cast only the head's float tensors to the trunk's float dtype; packed weights keep theirs.
-    dtype = _float_dtype(model)
-    mtp.update(_cast_floats(mtp.parameters(), dtype))
+    mtp.update(_cast_floats(mtp.parameters(), _float_dtype(model)))
     return mtp
 
 
