@@ -15,7 +15,8 @@ from mtplx.errors import MtplxError
 app = typer.Typer(help="mtplx: run and inspect LLM sessions on MLX (MTP speculation, session bank, receipts).",
                   no_args_is_help=True, add_completion=False)
 
-MODEL_HELP = "An embedded model name (tiny-dense, tiny-hybrid) or a local model directory."
+MODEL_HELP = ("An embedded model name (tiny-dense, tiny-hybrid), a local model directory, or a hub id (org/name) "
+              "already in the local Hugging Face cache.")
 
 
 def _fail(exc: Exception) -> None:
@@ -25,14 +26,15 @@ def _fail(exc: Exception) -> None:
 
 @app.command()
 def models(
-    path: Optional[Path] = typer.Argument(None, help="Also describe this model directory."),
+    path: Optional[str] = typer.Argument(None, help="Also describe this model directory or cached hub id (org/name)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (with each model's directory path)."),
 ) -> None:
-    """List the embedded models (and PATH): architecture, parameters, MTP, template features."""
-    from mtplx.catalog import EMBEDDED, describe, resolve
+    """List the embedded models, the runnable models in the local Hugging Face cache (and PATH):
+    architecture, parameters, MTP, template features."""
+    from mtplx.catalog import EMBEDDED, cached, describe, resolve
 
     try:
-        rows = [describe(resolve(name), name) for name in EMBEDDED]
+        rows = [describe(resolve(name), name) for name in EMBEDDED] + cached()
         if path is not None:
             rows.append(describe(resolve(path)))
     except MtplxError as exc:
@@ -45,7 +47,15 @@ def models(
         features = ", ".join(k for k in ("tools", "thinking", "enable_thinking") if t[k]) or "none"
         typer.echo(f"{r['name']:<14} {r['architecture']:<9} {r['parameters'] / 1e6:5.2f}M params  "
                    f"layers {r['layers']} ({r['recurrent_layers']} recurrent)  "
-                   f"MTP {'yes' if r['mtp'] else 'no'}  template: {features}\n{'':<14} {r['path']}")
+                   f"MTP {'yes' if r['mtp'] else 'no'}  template: {features}\n{'':<14} {r['path']}"
+                   + (f"\n{'':<14} {r['mtp_notice']}" if r.get("mtp_notice") else ""))
+
+
+def _mtp_notice(engine) -> None:
+    """One line when the model will not speculate, and why (no head, an unsupported family)."""
+    notice = engine.checkpoint.mtp_notice
+    if notice:
+        typer.secho(f"notice: {notice}", fg="yellow", err=True)
 
 
 @app.command()
@@ -53,7 +63,8 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (rendered with the chat template)."),
     model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0),
+    temperature: Optional[float] = typer.Option(None, "--temperature", "-t", min=0.0,
+                                                help="Default: the model's generation_config.json, else 0 (greedy)."),
     seed: Optional[int] = typer.Option(None, "--seed"),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
     no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
@@ -67,6 +78,9 @@ def generate(
         engine = open_engine(model, depth=depth, no_mtp=no_mtp)
     except MtplxError as exc:
         _fail(exc)
+    _mtp_notice(engine)
+    from dataclasses import replace
+
     from mtplx.engine.request import GenerationRequest
     from mtplx.engine.sampling import SamplingParams
     from mtplx.events import Failed, Finished, Tokens
@@ -74,7 +88,9 @@ def generate(
     tok = engine.checkpoint.tokenizer
     ids = tok.encode(prompt) if raw else tok.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True, enable_thinking=not no_think)
-    request = GenerationRequest(tuple(ids), SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens), source="cli")
+    params = engine.checkpoint.generation.defaults(SamplingParams(seed=seed, max_tokens=max_tokens))
+    params = params if temperature is None else replace(params, temperature=temperature)
+    request = GenerationRequest(tuple(ids), params, source="cli")
     for event in engine.submit(request):
         if isinstance(event, Tokens):
             sys.stdout.write(event.text)
@@ -166,6 +182,7 @@ def serve(
         engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd)
     except MtplxError as exc:
         _fail(exc)
+    _mtp_notice(engine)
     typer.echo(f"mtplx serving {model} on http://{host}:{port}/v1", err=True)
     try:
         serve_forever(create_app(engine, model, api_key), host, port)
@@ -204,6 +221,28 @@ def replay(
             typer.echo(f"receipt: {path}")
     except MtplxError as exc:
         _fail(exc)
+
+
+@app.command()
+def convert(
+    src: str = typer.Argument(..., help="A Hugging Face checkpoint: a directory or a cached hub id (org/name)."),
+    dst: Path = typer.Argument(..., help="The MLX directory to write (must not exist)."),
+    bits: int = typer.Option(4, "--bits", "-q", help="Trunk quantization: 4 or 8 (also 2, 3, 5, 6)."),
+    group_size: int = typer.Option(64, "--group-size", help="Quantization group size (mlx-lm's default 64)."),
+    no_quantize: bool = typer.Option(False, "--no-quantize", help="Keep the trunk in --dtype."),
+    head_bits: Optional[int] = typer.Option(None, "--head-bits", help="Quantize the MTP head too (default: keep it in --dtype)."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float16 or float32 for what is not quantized."),
+) -> None:
+    """Convert a Hugging Face checkpoint to MLX: trunk quantized as mlx-lm does, MTP head kept."""
+    from mtplx.catalog import resolve
+    from mtplx.convert import convert as run_convert
+
+    try:
+        summary = run_convert(resolve(src), dst, None if no_quantize else bits, group_size, head_bits, dtype)
+    except MtplxError as exc:
+        _fail(exc)
+    typer.echo(f"wrote {dst}: trunk {summary['trunk']}, MTP head "
+               + (summary["head"] or "none (the source has no MTP weights)"))
 
 
 receipts_app = typer.Typer(help="Browse the receipt store ($MTPLX_HOME/receipts.db): one row per turn.", no_args_is_help=True)
