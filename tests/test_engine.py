@@ -35,10 +35,16 @@ def test_max_tokens_gives_length(engine):
 
 
 def test_stop_string_is_not_in_the_text(dense_engine):
-    full = dense_engine.submit(GenerationRequest(_prompt(dense_engine), SamplingParams(max_tokens=40))).result().text
-    stop = full[10:14]
-    fin = dense_engine.submit(GenerationRequest(_prompt(dense_engine), SamplingParams(max_tokens=40, stop=(stop,)))).result()
-    assert fin.finish_reason == "stop" and fin.text == full[: full.index(stop)]
+    from mtplx.engine.text_stream import HIDDEN, visible_mask
+
+    # A raw prompt continues as plain content (chat turns of the tiny model are mostly tool calls).
+    prompt = tuple(dense_engine.checkpoint.tokenizer.encode("import os\nimport sys\n\n\ndef main():"))
+    full = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=60))).result().text
+    visible = visible_mask(full, in_reasoning=False)
+    start = next(i for i in range(10, len(visible) - 4) if HIDDEN not in visible[i:i + 4])  # stops match content only
+    stop = full[start:start + 4]
+    fin = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=60, stop=(stop,)))).result()
+    assert fin.finish_reason == "stop" and fin.text == full[: visible.index(stop)]
 
 
 def test_cancel_stops_generation(dense_engine):

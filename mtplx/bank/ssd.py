@@ -39,13 +39,16 @@ class SsdConfig:
     free_floor_bytes: int = 1 << 30
 
     @classmethod
-    def default(cls, root: Path | None = None) -> "SsdConfig":
+    def default(cls, root: Path | None = None, budget_bytes: int | None = None) -> "SsdConfig":
+        """Under $MTPLX_HOME/bank; without a budget, a tenth of the free disk (256 MiB..20 GiB).
+        Nothing is created here: a directory that cannot be made degrades the bank when opened."""
         from mtplx.home import mtplx_home
 
         root = Path(root) if root else mtplx_home() / "bank"
-        root.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(root).free
-        return cls(root, budget_bytes=max(256 << 20, min(20 << 30, free // 10)))
+        if budget_bytes is None:
+            probe = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
+            budget_bytes = max(256 << 20, min(20 << 30, shutil.disk_usage(probe).free // 10))
+        return cls(root, budget_bytes=budget_bytes)
 
 
 def _sha256(path: Path) -> str:

@@ -69,9 +69,9 @@ class Generation:
         self.submitted_at = submitted_at
         self.sampler = Sampler(self.params)
         tokenizer = runner.checkpoint.tokenizer
-        self.stream = TextStream(tokenizer, self.params.stop)
-        prompt_text_tail = tokenizer.decode(list(request.prompt[-4:]))
-        self.segments = SegmentTracker(tokenizer, start_in_reasoning=prompt_text_tail.rstrip().endswith("<think>"))
+        in_reasoning = tokenizer.decode(list(request.prompt[-4:])).rstrip().endswith("<think>")
+        self.stream = TextStream(tokenizer, self.params.stop, in_reasoning)
+        self.segments = SegmentTracker(tokenizer, start_in_reasoning=in_reasoning)
         self.stats = GenerationStats(mode="mtp" if self.use_mtp else "ar", depth=depth if self.use_mtp else 0,
                                      prompt_tokens=len(request.prompt))
         self.generated: list[int] = []

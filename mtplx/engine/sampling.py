@@ -33,7 +33,8 @@ class SamplingParams:
             (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", "in (0, 1]"),
             (isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "an integer >= 0"),
             (isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1, "min_p", "in [0, 1)"),
-            (self.seed is None or isinstance(self.seed, int), "seed", "an integer"),
+            (self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                   and -(2**63) <= self.seed < 2**64), "seed", "an integer in [-2**63, 2**64)"),
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer >= 1"),
             (isinstance(self.repetition_penalty, (int, float)) and 0 < self.repetition_penalty <= 10, "repetition_penalty", "in (0, 10]"),
             (all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16, "stop", "up to 16 non-empty strings"),
@@ -81,7 +82,9 @@ class Sampler:
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.key = mx.random.key(params.seed if params.seed is not None else mx.random.randint(0, 2**31 - 1, ()).item())
+        # A negative (int64) seed is taken as its two's-complement bits: every allowed seed is a distinct key.
+        seed = params.seed % 2**64 if params.seed is not None else mx.random.randint(0, 2**31 - 1, ()).item()
+        self.key = mx.random.key(seed)
 
     def _next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)

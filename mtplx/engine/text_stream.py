@@ -1,16 +1,45 @@
 """Incremental detokenisation with stop strings.
 
 Text is released only when it is complete (no dangling UTF-8 byte) and cannot be the start of a
-stop string; a stop string ends the text before it, as OpenAI's `stop` does.
+stop string; a stop string ends the text before it, as OpenAI's `stop` does. Stops match only the
+text a client is shown as content: not reasoning, not tool-call markup, not the whitespace that
+opens a segment (which the server strips), so `stop: ["\n"]` cannot end a reply before its first
+visible character.
 """
 
 from __future__ import annotations
 
+from mtplx.reply_stream import CALL_CLOSE, CALL_OPEN, TAGS, THINK_CLOSE, THINK_OPEN
+
+HIDDEN = "\0"  # stands in for a character the client does not see as content; no stop contains it
+
+
+def visible_mask(text: str, in_reasoning: bool) -> str:
+    """`text` with every character outside visible content replaced by HIDDEN (same length)."""
+    out, i, mode, fresh = [], 0, "reasoning" if in_reasoning else "content", True
+    while i < len(text):
+        found = [(at, tag) for tag in TAGS if (at := text.find(tag, i)) != -1]
+        at, tag = min(found) if found else (len(text), None)
+        span = text[i:at]
+        if mode == "content":
+            body = span.lstrip() if fresh else span
+            out.append(HIDDEN * (len(span) - len(body)) + body)
+            fresh = fresh and not body
+        else:
+            out.append(HIDDEN * len(span))
+        if tag is None:
+            break
+        out.append(HIDDEN * len(tag))
+        i, fresh = at + len(tag), True
+        mode = {THINK_OPEN: "reasoning", THINK_CLOSE: "content", CALL_OPEN: "tool_call", CALL_CLOSE: "content"}[tag]
+    return "".join(out)
+
 
 class TextStream:
-    def __init__(self, tokenizer, stops: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, stops: tuple[str, ...] = (), in_reasoning: bool = False):
         self.tokenizer = tokenizer
         self.stops = stops
+        self.in_reasoning = in_reasoning
         self.ids: list[int] = []
         self._prefix = 0  # decode window start (keeps merges across token boundaries right)
         self._read = 0  # tokens whose text is already in self.text
@@ -33,15 +62,16 @@ class TextStream:
         return self._release()
 
     def _release(self) -> str:
+        visible = visible_mask(self.text, self.in_reasoning) if self.stops else self.text
         for stop in self.stops:
-            at = self.text.find(stop, max(0, self.released - len(stop)))
+            at = visible.find(stop, max(0, self.released - len(stop)))
             if at != -1:
-                self.text, self.stopped = self.text[:at], True
+                self.text, visible, self.stopped = self.text[:at], visible[:at], True
         end = len(self.text)
         if not self.stopped:
             for stop in self.stops:  # hold back a tail that may grow into a stop string
-                for n in range(min(len(stop) - 1, len(self.text)), 0, -1):
-                    if self.text.endswith(stop[:n]):
+                for n in range(min(len(stop) - 1, len(visible)), 0, -1):
+                    if visible.endswith(stop[:n]):
                         end = min(end, len(self.text) - n)
                         break
         out, self.released = self.text[self.released : max(end, self.released)], max(end, self.released)

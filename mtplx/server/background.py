@@ -6,6 +6,8 @@ import socket
 import threading
 import time
 
+from mtplx.server.listener import bind
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
@@ -14,14 +16,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class BackgroundServer:
-    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, sock: socket.socket | None = None):
+        """Serve on `sock` when given (bound by the caller, so a busy port was reported before
+        anything loaded), else on `port` (0 or None: any free port, bound here)."""
         import uvicorn
 
-        self.host, self.port = host, port or free_port(host)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=2))
+        self.sock = sock or bind(host, port or 0)
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
         self.server.install_signal_handlers = lambda: None  # the owning app keeps its own handlers
-        self.thread = threading.Thread(target=self.server.run, name="mtplx-server", daemon=True)
+        self.thread = threading.Thread(target=lambda: self.server.run(sockets=[self.sock]), name="mtplx-server",
+                                       daemon=True)
 
     @property
     def url(self) -> str:
@@ -32,10 +37,11 @@ class BackgroundServer:
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"server on {self.url} did not start (port in use?)")
+                raise RuntimeError(f"server on {self.url} did not start")
             time.sleep(0.02)
         return self
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        self.sock.close()

@@ -177,7 +177,10 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("stream must be a boolean", "stream")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is not None and not stream:  # as OpenAI and vLLM answer: the options mean nothing here
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    options = options or {}
     if not isinstance(options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
     thinking = body.get("enable_thinking", (body.get("chat_template_kwargs") or {}).get("enable_thinking"))

@@ -87,3 +87,21 @@ def text_completion(model: str, fin: Finished) -> dict:
             "model": model, "choices": [{"index": 0, "text": fin.text, "logprobs": None,
                                          "finish_reason": "length" if fin.finish_reason == "length" else "stop"}],
             "usage": usage(fin)}
+
+
+class TextCompletionStream:
+    """Chunks of one streamed /v1/completions answer: raw text, no reasoning or tool-call split."""
+
+    def __init__(self, model: str):
+        self.id, self.created, self.model = "cmpl-" + uuid.uuid4().hex[:24], int(time.time()), model
+
+    def text(self, text: str, finish: str | None = None) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+    def finish(self, fin: Finished, include_usage: bool) -> list[dict]:
+        out = [self.text("", "length" if fin.finish_reason == "length" else "stop")]
+        if include_usage:
+            out.append({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                        "choices": [], "usage": usage(fin)})
+        return out
