@@ -29,8 +29,9 @@ _DEEPSEEK = {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "e
 
 
 class MTPHead(nn.Module):
-    def __init__(self, block: nn.Module, hidden_size: int, eps: float):
+    def __init__(self, block: nn.Module, hidden_size: int, eps: float, array_mask: bool = False):
         super().__init__()
+        self.array_mask = array_mask  # DeepSeek's MLA attention takes an array mask, never "causal"
         self.pre_fc_norm_embedding = nn.RMSNorm(hidden_size, eps=eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(hidden_size, eps=eps)
         self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
@@ -39,7 +40,7 @@ class MTPHead(nn.Module):
 
     def __call__(self, hidden: mx.array, next_embeds: mx.array, cache=None) -> mx.array:
         x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(next_embeds), self.pre_fc_norm_hidden(hidden)], axis=-1))
-        x = self.layers[0](x, create_attention_mask(x, cache), cache)
+        x = self.layers[0](x, create_attention_mask(x, cache, return_array=self.array_mask), cache)
         return self.norm(x)
 
 
@@ -50,10 +51,14 @@ def build_mtp_head(model_type: str, args, text_args) -> MTPHead:
         from mlx_lm.models.qwen3 import TransformerBlock
 
         block = TransformerBlock(args)
-    elif model_type in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
-        module = __import__(f"mlx_lm.models.{'qwen3_next' if model_type == 'qwen3_next' else 'qwen3_5'}",
-                            fromlist=["DecoderLayer"])
-        block = module.DecoderLayer(text_args, layer_idx=text_args.full_attention_interval - 1)
+    elif model_type in ("qwen3_5", "qwen3_5_moe"):
+        from mlx_lm.models.qwen3_5 import DecoderLayer
+
+        block = DecoderLayer(text_args, layer_idx=text_args.full_attention_interval - 1)
+    elif model_type == "qwen3_next":
+        from mlx_lm.models.qwen3_next import Qwen3NextDecoderLayer
+
+        block = Qwen3NextDecoderLayer(text_args, layer_idx=text_args.full_attention_interval - 1)
     elif model_type == "deepseek_v3":
         from mlx_lm.models.deepseek_v3 import DeepseekV3DecoderLayer
 
@@ -61,7 +66,7 @@ def build_mtp_head(model_type: str, args, text_args) -> MTPHead:
     else:
         raise ValueError(f"MTP weights for model_type {model_type!r} are not supported "
                          "(qwen3, qwen3_5, qwen3_5_moe, qwen3_next, deepseek_v3 are)")
-    return MTPHead(block, text_args.hidden_size, text_args.rms_norm_eps)
+    return MTPHead(block, text_args.hidden_size, text_args.rms_norm_eps, array_mask=model_type == "deepseek_v3")
 
 
 def split_mtp_weights(weights: dict, model_type: str, num_hidden_layers: int) -> tuple[dict, dict]:
