@@ -46,7 +46,9 @@ class MtplxApp(App):
         self.chat_request: str | None = None
 
     def on_mount(self) -> None:
-        self.sub_title = self.model_name or "no engine"
+        # A model that will not speculate says so in the header (no head, an unsupported family).
+        notice = getattr(getattr(self.engine, "checkpoint", None), "mtp_notice", None)
+        self.sub_title = (self.model_name or "no engine") + (f" · {notice}" if notice else "")
         self.dashboard = Dashboard(self.server_url, self.attach_url)
         self.push_screen(self.dashboard)
         if self.engine is not None:
