@@ -39,9 +39,13 @@ def models(
             rows.append(describe(resolve(path)))
     except MtplxError as exc:
         _fail(exc)
+    from mtplx.fast_path import predicted
+
+    compute = predicted()  # what a model loaded here runs on (no MLX import: see mtplx/fast_path.py)
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps([{**r, "compute": compute} for r in rows], indent=2))
         return
+    typer.echo(f"compute here: {compute}")
     for r in rows:
         t = r["template"]
         features = ", ".join(k for k in ("tools", "thinking", "enable_thinking") if t[k]) or "none"

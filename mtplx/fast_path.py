@@ -78,6 +78,11 @@ def activate() -> Blas:
     if reason is not None:
         return Blas("reference", reason=reason)
     library = mkl_library()
+    # MKL reads these once, at its first call. STRICT: the same shapes give the same bits whatever
+    # the buffers' alignment (MLX does not align to MKL's liking), and a fixed thread count (not
+    # MKL_DYNAMIC's load-dependent one) keeps a restored prefill and a cold one bit-comparable.
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    os.environ.setdefault("MKL_DYNAMIC", "FALSE")
     try:
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:

@@ -6,14 +6,19 @@ exact model identity, and from the built-in default (MTP at depth 2 when the mod
 
 from __future__ import annotations
 
+import sys
+
 from mtplx.catalog import resolve
 from mtplx.engine.checkpoint import model_identity
 from mtplx.engine.engine import Engine, EngineConfig
+from mtplx.fast_path import activate, notice, predicted
 from mtplx.settings import tuned_default
 
 
 def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int = 256) -> EngineConfig:
-    tuned = tuned_default(model_identity(model_path)) or {}
+    # `mtplx tune` stores under the loaded checkpoint's identity, which names an fp32 cast.
+    salted = tuned_default(model_identity(model_path, "fp32")) if predicted().startswith("cpu fp32") else None
+    tuned = salted or tuned_default(model_identity(model_path)) or {}
     use_mtp = False if no_mtp else tuned.get("mtp", True) if depth is None else True
     return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2))
 
@@ -29,6 +34,8 @@ def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank
     path = resolve(model)
     engine = Engine(path, engine_config(path, depth, no_mtp), name=model if "/" not in model else None,
                     bank=BankConfig() if bank else None, ssd=SsdConfig.default() if bank and ssd else None).start()
+    if (line := notice(activate())) is not None:  # the one notice when the CPU fast path is missing
+        print(line, file=sys.stderr)
     if receipts:
         from mtplx.receipts.store import ReceiptStore
         from mtplx.receipts.writer import ReceiptWriter

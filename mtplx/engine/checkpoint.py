@@ -135,6 +135,7 @@ def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
     from mtplx import catalog, hub_cache, tool_formats
+    from mtplx.engine.compute import prepare as prepare_compute
     from mtplx.engine.sampling import SamplingParams
 
     path = Path(path).expanduser().resolve()
@@ -157,9 +158,11 @@ def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
         mtp = load_head(trunk, path)
     if mtp is not None:
         mx.eval(mtp.parameters())
+    compute = prepare_compute(model, mtp)  # the CPU fast path: fp32 weights (see engine/compute.py)
     return Checkpoint(name=name or hub_cache.repo_id_of(path) or path.name, path=path, config=config, model=model,
-                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path), model_type=model_type,
-                      extras={"moe_float32": moe_on_cpu}, generation=generation, mtp_notice=notice,
+                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path, "fp32" if compute.cast else ""),
+                      model_type=model_type, extras={"moe_float32": moe_on_cpu, "compute": compute.label},
+                      generation=generation, mtp_notice=notice,
                       tool_format=tool_formats.detect(tokenizer))
 
 
