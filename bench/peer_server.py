@@ -65,11 +65,13 @@ def command(model_dir: Path, port: int, cache_bytes: int | None = None) -> list[
 
 
 @contextlib.contextmanager
-def mlx_lm_server(model: str, cache_bytes: int | None = None, timeout: float = 120):
-    """Start a fresh mlx_lm.server on a free port; yield its base URL; stop it."""
+def mlx_lm_server(model: str, cache_bytes: int | None = None, timeout: float = 120, model_dir: Path | None = None,
+                  env: dict | None = None):
+    """Start a fresh mlx_lm.server on a free port (on `model_dir`, default the trunk copy, with
+    `env` added to this process's environment); yield its base URL; stop it."""
     port = free_port()
-    proc = subprocess.Popen(command(trunk_copy(model), port, cache_bytes), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=dict(os.environ))
+    proc = subprocess.Popen(command(model_dir or trunk_copy(model), port, cache_bytes), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + timeout

@@ -1,0 +1,173 @@
+"""Turn latency and decode speed, mtplx serve vs mlx_lm.server on the same weights, in one run.
+
+    python bench/turns.py [--model tiny-dense --model tiny-hybrid] [--runs 3] [--pause 1.0]
+
+Per model, each run measures on every server, interleaved so machine noise hits all alike:
+- cold TTFT of a ~3k-token prompt (a fresh nonce at the head of the system message, so no
+  server can reuse anything);
+- warm append TTFT: the same conversation's next request, which appends the server's own reply
+  and a short tool result (`--pause` seconds after the reply, as an agent's tool run allows);
+- decode tok/s of that first reply: (completion tokens - 1) / (total - TTFT), client-side.
+
+Servers: mtplx as users get it (MTP, bank, the CPU fast path), mtplx with --no-mtp, and
+mlx_lm.server twice: with the same fast path (MKL preloaded, fp32 weights) and as it installs
+(bf16, the wheel's reference BLAS). TTFT is to the first generated delta, client-side, streaming.
+Prints medians and the ratios the issue asks for; speed is never asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx  # noqa: E402
+
+from mtplx import fast_path  # noqa: E402  (before MLX: loads MKL in this process)
+from mtplx.catalog import resolve  # noqa: E402
+from mtplx.chat import render  # noqa: E402
+from mtplx.replay.client import stream_turn  # noqa: E402
+from mtplx.synth.agent import Sizes, conversation  # noqa: E402
+from mtplx.synth.corpus import Corpus  # noqa: E402
+from peer_server import ROOT, mlx_lm_server, trunk_copy  # noqa: E402
+
+COLD_TOKENS = 3000
+REPLY_TOKENS = 160
+
+
+def fp32_copy(model: str) -> Path:
+    """The trunk copy with every float tensor cast to fp32 (what mtplx computes with on CPU)."""
+    import mlx.core as mx
+
+    src = trunk_copy(model)
+    dst = ROOT / "build" / "peer" / f"{src.name}-fp32"
+    stamp = (src / ".source-mtime").read_text()
+    if (dst / ".source-mtime").is_file() and (dst / ".source-mtime").read_text() == stamp:
+        return dst
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    tensors = {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v
+               for k, v in mx.load(str(src / "model.safetensors")).items()}
+    mx.save_safetensors(str(dst / "model.safetensors"), tensors, metadata={"format": "mlx"})
+    return dst
+
+
+def prompts(tokenizer, seed: int = 501):
+    """(cold messages ~3k tokens, tools), (agent messages ending in a user turn, the tool result to append, tools)."""
+    corpus = Corpus()
+    cold = None
+    for s in range(seed, seed + 200):
+        convo = conversation(s, corpus, Sizes(150, 260), max_user_turns=1)
+        msgs = convo["messages"]
+        for k in range(len(msgs), 1, -1):
+            if msgs[k - 1]["role"] in ("user", "tool") and len(render(tokenizer, msgs[:k], convo["tools"])) <= COLD_TOKENS + 300:
+                if len(render(tokenizer, msgs[:k], convo["tools"])) >= COLD_TOKENS - 300:
+                    cold = (msgs[:k], convo["tools"])
+                break
+        if cold:
+            break
+    convo = conversation(seed + 1000, corpus, Sizes(20, 40), max_user_turns=1)
+    msgs = convo["messages"]
+    k = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+    tool = next(m for m in msgs[k:] if m["role"] == "tool")
+    short = dict(tool, content="\n".join(tool["content"].splitlines()[:3]))  # ~40 new tokens
+    return cold, (msgs[:k], short, convo["tools"])
+
+
+def with_nonce(messages: list[dict]) -> list[dict]:
+    first = dict(messages[0], content=f"[run {uuid.uuid4().hex[:12]}] " + messages[0]["content"])
+    return [first, *messages[1:]]
+
+
+def measure(client, url: str, cold, agent, pause: float) -> dict:
+    (cold_msgs, cold_tools), (msgs, tool_msg, tools) = cold, agent
+    body = lambda m, t, n: {"messages": m, "tools": t, "max_tokens": n, "temperature": 0}
+    c = stream_turn(client, url, body(with_nonce(cold_msgs), cold_tools, 8), {})
+    msgs = with_nonce(msgs)
+    first = stream_turn(client, url, body(msgs, tools, REPLY_TOKENS), {"x-session-id": "bench"})
+    time.sleep(pause)
+    append = stream_turn(client, url, body([*msgs, first.message, tool_msg], tools, 8), {"x-session-id": "bench"})
+    decode_s = first.total_s - first.ttft_first_token_s
+    return {"cold_ttft": c.ttft_first_token_s, "cold_prompt": c.prompt_tokens,
+            "append_ttft": append.ttft_first_token_s, "append_new": append.prompt_tokens - append.cached_tokens,
+            "append_prompt": append.prompt_tokens,
+            "decode_tps": (first.completion_tokens - 1) / decode_s if first.completion_tokens > 1 and decode_s > 0 else None,
+            "decoded": first.completion_tokens}
+
+
+@contextlib.contextmanager
+def servers(model: str):
+    from mtplx.launch import serve_in_process
+
+    mkl = fast_path.mkl_library()
+    fast_env = {"LD_PRELOAD": str(mkl), "MKL_CBWR": "AUTO,STRICT", "MKL_DYNAMIC": "FALSE"} if mkl else None
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for label, arm in (("mtplx", ""), ("mtplx no-mtp", "no-mtp")):
+            engine, server = serve_in_process(model, arm)
+            stack.callback(engine.stop)
+            stack.callback(server.stop)
+            urls[label] = (server.url, engine.checkpoint.extras.get("compute"))
+        if fast_env:
+            urls["mlx-lm fast"] = (stack.enter_context(mlx_lm_server(model, model_dir=fp32_copy(model), env=fast_env)),
+                                   "cpu fp32 + mkl")
+        urls["mlx-lm as installed"] = (stack.enter_context(mlx_lm_server(model, env={"LD_PRELOAD": ""})),
+                                       "cpu bf16 reference blas")
+        yield urls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", help="tiny-dense and tiny-hybrid unless given")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--pause", type=float, default=1.0, help="Seconds between a reply and the append turn.")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    for model in args.model or ["tiny-dense", "tiny-hybrid"]:
+        tok = AutoTokenizer.from_pretrained(str(resolve(model)))
+        cold, agent = prompts(tok)
+        with servers(model) as urls, httpx.Client(timeout=900) as client:
+            rows = {label: [] for label in urls}
+            for run in range(args.runs):
+                order = list(urls) if run % 2 == 0 else list(reversed(urls))
+                for label in order:
+                    rows[label].append(measure(client, urls[label][0], cold, agent, args.pause))
+                print(f"{model}: run {run + 1}/{args.runs} done", file=sys.stderr, flush=True)
+        report(model, urls, rows)
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def report(model: str, urls: dict, rows: dict) -> None:
+    med = {label: {k: _median([r[k] for r in rs]) for k in rs[0]} for label, rs in rows.items()}
+    print(f"\n{model}: medians of {len(next(iter(rows.values())))} runs (client-side, streaming; noisy shared 2-core CPU)")
+    print(f"{'server':<22} {'compute':<24} {'cold TTFT':>10} {'(tokens)':>8} {'append TTFT':>12} {'(new tok)':>9} "
+          f"{'decode tok/s':>12} {'(tokens)':>8}")
+    for label, m in med.items():
+        print(f"{label:<22} {urls[label][1] or '?':<24} {m['cold_ttft']:10.3f} {m['cold_prompt']:8.0f} {m['append_ttft']:12.3f} "
+              f"{m['append_new']:9.0f} {m['decode_tps']:12.1f} {m['decoded']:8.0f}")
+    mine, ar = med["mtplx"], med["mtplx no-mtp"]
+    for peer in ("mlx-lm fast", "mlx-lm as installed"):
+        if peer in med:
+            p = med[peer]
+            print(f"  vs {peer:<19} cold TTFT mtplx/peer {mine['cold_ttft'] / p['cold_ttft']:.2f}   "
+                  f"append TTFT mtplx/peer {mine['append_ttft'] / p['append_ttft']:.2f}   "
+                  f"AR decode mtplx/peer {ar['decode_tps'] / p['decode_tps']:.2f}")
+    print(f"  MTP/AR decode (mtplx) {mine['decode_tps'] / ar['decode_tps']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
