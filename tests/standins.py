@@ -1,0 +1,244 @@
+"""Small stand-in checkpoints in the on-disk layouts real ones use, built at test time.
+
+Each is a real config (the keys of the family's published config.json, scaled down), random
+weights (or the trained tiny-hybrid's, for the Qwen3.5 stand-in) written under the names and in
+the tensor layouts of the Hugging Face files — Qwen3.5's `model.language_model.*` with
+zero-centred norms and (C, 1, K) convolutions, Qwen3-Next's per-expert MLPs, Qwen3.5-MoE's fused
+`gate_up_proj`, DeepSeek-V3's `kv_b_proj` and its MTP layer at `model.layers.N` — sharded in two
+files with a `model.safetensors.index.json`. The MLX model classes only supply parameter shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "tokenizers" / "qwen3"
+TINY = Path(__file__).resolve().parents[1] / "mtplx" / "assets" / "models" / "tiny-hybrid"
+SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+             rms_norm_eps=1e-6, max_position_embeddings=4096)
+GDN = dict(linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=1,
+           linear_num_value_heads=2, full_attention_interval=2)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+           decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight",
+          ".k_norm.weight")
+
+
+def vocab_of(tokenizer_dir: Path) -> int:
+    data = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    ids = list(data["model"]["vocab"].values()) + [t["id"] for t in data.get("added_tokens", [])]
+    return (max(ids) // 64 + 1) * 64
+
+
+def config_for(kind: str, vocab: int) -> dict:
+    dense = dict(SMALL, vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=False)
+    if kind == "qwen3":
+        return dict(dense, model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1e6,
+                    tie_word_embeddings=True, eos_token_id=None, torch_dtype="bfloat16")
+    if kind in ("qwen3_5", "qwen3_5_moe"):
+        text = dict(dense, **GDN, model_type=kind + "_text", layer_types=["linear_attention", "full_attention"],
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+                    mtp_num_hidden_layers=1, tie_word_embeddings=False, **(MOE if kind == "qwen3_5_moe" else {}))
+        arch = "Qwen3_5MoeForConditionalGeneration" if kind == "qwen3_5_moe" else "Qwen3_5ForConditionalGeneration"
+        return {"model_type": kind, "architectures": [arch], "tie_word_embeddings": False, "text_config": text,
+                "vision_config": {"depth": 1}}
+    if kind == "qwen3_next":
+        return dict(dense, **GDN, **MOE, model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"],
+                    rope_theta=1e7, partial_rotary_factor=0.25, num_nextn_predict_layers=1, torch_dtype="float32")
+    if kind == "deepseek_v3":
+        return dict(dense, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], num_attention_heads=2,
+                    num_key_value_heads=2, moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=4,
+                    num_experts_per_tok=2, n_group=1, topk_group=1, routed_scaling_factor=2.5, kv_lora_rank=32,
+                    q_lora_rank=48, qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32, first_k_dense_replace=1,
+                    moe_layer_freq=1, norm_topk_prob=True, num_nextn_predict_layers=1, rope_theta=10000.0,
+                    topk_method="noaux_tc", scoring_func="sigmoid", torch_dtype="float32")
+    if kind == "llama":
+        return dict(dense, model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=500000.0,
+                    hidden_act="silu", torch_dtype="bfloat16")
+    if kind == "gemma2":
+        return dict(dense, model_type="gemma2", architectures=["Gemma2ForCausalLM"], final_logit_softcapping=30.0,
+                    attn_logit_softcapping=50.0, query_pre_attn_scalar=32, sliding_window=64, torch_dtype="bfloat16")
+    if kind == "gemma3":
+        text = dict(dense, model_type="gemma3_text", sliding_window=64, sliding_window_pattern=2,
+                    query_pre_attn_scalar=32, rope_local_base_freq=10000.0, rope_theta=1e6)
+        return {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": text,
+                "vocab_size": vocab, "vision_config": {"hidden_size": 16}, "torch_dtype": "bfloat16"}
+    raise ValueError(kind)
+
+
+def _mlx_parameters(config: dict) -> tuple[dict, dict, object]:
+    """Random MLX-layout trunk and MTP-head parameters for `config` (shapes from mlx-lm's classes)."""
+    from mlx_lm.utils import _get_classes
+
+    from mtplx.catalog import MTP_FAMILIES
+    from mtplx.engine.mtp_head import build_mtp_head
+
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    trunk = dict(tree_flatten(model.parameters()))
+    head = {}
+    if config["model_type"] in MTP_FAMILIES and config["model_type"] != "qwen3":  # Qwen3 ships no MTP head
+        text_args = getattr(getattr(model, "language_model", None), "args", None) or model.args
+        head = dict(tree_flatten(build_mtp_head(config["model_type"], model.args, text_args).parameters()))
+    return trunk, head, model
+
+
+def _unstack(weights: dict, prefix_re: str = "switch_mlp") -> dict:
+    out = {}
+    for k, v in weights.items():
+        if ".switch_mlp." in k:
+            base, rest = k.split(".switch_mlp.", 1)
+            for e in range(v.shape[0]):
+                out[f"{base}.experts.{e}.{rest}"] = v[e]
+        else:
+            out[k] = v
+    return out
+
+
+def _hf_conv_and_norms(weights: dict, head: bool) -> dict:
+    out = {}
+    for k, v in weights.items():
+        if "conv1d.weight" in k:
+            v = v.moveaxis(2, 1)  # MLX (C, K, 1) -> HF (C, 1, K)
+        if v.ndim == 1 and ((head and "norm" in k and k.endswith("weight")) or any(k.endswith(s) for s in _NORMS)) \
+                and "linear_attn.norm" not in k:
+            v = v - 1.0  # HF stores zero-centred RMSNorm weights
+        out[k] = v
+    return out
+
+
+def _deepseek_kv_b(weights: dict, config: dict) -> dict:
+    out = {}
+    for k, v in weights.items():
+        if k.endswith("self_attn.embed_q.weight"):
+            base = k[: -len("embed_q.weight")]
+            wk, wv = v, weights[base + "unembed_out.weight"]  # (H, rank, nope), (H, v, rank)
+            kv_b = mx.concatenate([wk.swapaxes(-1, -2), wv], axis=1)
+            out[base + "kv_b_proj.weight"] = kv_b.reshape(-1, config["kv_lora_rank"])
+        elif not k.endswith("self_attn.unembed_out.weight"):
+            out[k] = v
+    return out
+
+
+def hf_weights(kind: str, config: dict, trunk: dict, head: dict) -> dict:
+    """MLX-layout parameters -> the tensor names and layouts of the family's Hugging Face files."""
+    if kind in ("qwen3_5", "qwen3_5_moe"):
+        trunk = {k.replace("language_model.model.", "model.language_model.").replace("language_model.lm_head", "lm_head"): v
+                 for k, v in trunk.items()}
+        trunk = _hf_conv_and_norms(trunk, head=False)
+        head = _hf_conv_and_norms(head, head=True)
+        if kind == "qwen3_5_moe":
+            trunk, head = _fuse_experts(trunk), _fuse_experts(head)
+        trunk["model.visual.patch_embed.proj.weight"] = mx.zeros((4, 4))  # the vision tower mlx-lm skips
+        return trunk | {f"mtp.{k}": v for k, v in head.items()}
+    if kind == "qwen3_next":
+        return _unstack(_hf_conv_and_norms(trunk, head=False)) | {f"mtp.{k}": v for k, v in
+                                                                  _unstack(_hf_conv_and_norms(head, head=True)).items()}
+    if kind == "deepseek_v3":
+        n = config["num_hidden_layers"]
+        out = _deepseek_kv_b(_unstack(trunk), config)
+        names = {"pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "fc": "eh_proj", "norm": "shared_head.norm"}
+        for k, v in _deepseek_kv_b(_unstack(head), config).items():
+            first, _, rest = k.partition(".")
+            key = rest[len("0."):] if first == "layers" else f"{names[first]}.{rest}"
+            out[f"model.layers.{n}.{key}"] = v
+        out[f"model.layers.{n}.embed_tokens.weight"] = trunk["model.embed_tokens.weight"]
+        out[f"model.layers.{n}.shared_head.head.weight"] = trunk["lm_head.weight"]
+        return out
+    if kind == "gemma3":
+        return trunk | {"vision_tower.vision_model.embeddings.patch_embedding.weight": mx.zeros((4, 4))}
+    return trunk | {f"mtp.{k}": v for k, v in head.items()}
+
+
+def _fuse_experts(weights: dict) -> dict:
+    out = {}
+    for k, v in weights.items():
+        if ".switch_mlp.gate_proj.weight" in k:
+            base = k.split(".switch_mlp.")[0]
+            out[f"{base}.experts.gate_up_proj"] = mx.concatenate([v, weights[f"{base}.switch_mlp.up_proj.weight"]], axis=-2)
+            out[f"{base}.experts.down_proj"] = weights[f"{base}.switch_mlp.down_proj.weight"]
+        elif ".switch_mlp." not in k:
+            out[k] = v
+    return out
+
+
+def write_sharded(dest: Path, weights: dict, dtype) -> None:
+    """Two shards and the index, as transformers' save_pretrained writes them."""
+    dest.mkdir(parents=True, exist_ok=True)
+    names = sorted(weights)
+    half = len(names) // 2
+    index = {"metadata": {"total_size": 0}, "weight_map": {}}
+    for i, part in enumerate((names[:half], names[half:])):
+        file = f"model-{i + 1:05d}-of-00002.safetensors"
+        tensors = {k: (weights[k].astype(dtype) if mx.issubdtype(weights[k].dtype, mx.floating) else weights[k]) for k in part}
+        mx.save_safetensors(str(dest / file), tensors, metadata={"format": "pt"})
+        index["weight_map"].update({k: file for k in part})
+        index["metadata"]["total_size"] += sum(t.nbytes for t in tensors.values())
+    (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def copy_tokenizer(src: Path, dest: Path, template: str | None = None) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, dest / name)
+    (dest / "tokenizer.json").chmod(0o644)
+    (dest / "tokenizer_config.json").chmod(0o644)
+    if template is not None:
+        (dest / "chat_template.jinja").write_text(template)
+
+
+def build(kind: str, dest: Path, tokenizer_dir: Path, *, seed: int = 0, template: str | None = None,
+          generation_config: dict | None = None) -> Path:
+    """A stand-in of `kind` in Hugging Face layout at `dest`."""
+    mx.random.seed(seed)
+    vocab = vocab_of(tokenizer_dir)
+    config = config_for(kind, vocab)
+    trunk, head, _ = _mlx_parameters(config)
+    dtype = mx.float32 if config.get("torch_dtype", config.get("text_config", {}).get("torch_dtype")) == "float32" \
+        or kind in ("qwen3_5_moe",) else mx.bfloat16
+    write_sharded(dest, hf_weights(kind, config, trunk, head), dtype)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    copy_tokenizer(tokenizer_dir, dest, template)
+    if generation_config is not None:
+        (dest / "generation_config.json").write_text(json.dumps(generation_config))
+    return dest
+
+
+def qwen3_5_from_tiny(dest: Path) -> Path:
+    """The trained tiny-hybrid (a qwen3_5 with an MTP head) in real Qwen3.5 on-disk layout: keys
+    under `model.language_model.`, an untied `lm_head`, two shards with an index."""
+    weights = mx.load(str(TINY / "model.safetensors"))
+    out = {}
+    for k, v in weights.items():
+        if k.startswith("model.") and not k.startswith("model.language_model."):
+            k = "model.language_model." + k[len("model."):]
+        out[k] = v
+    config = json.loads((TINY / "config.json").read_text())
+    write_sharded(dest, out, mx.bfloat16)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    copy_tokenizer(TINY, dest)
+    return dest
+
+
+def hub_cache(root: Path, repo_id: str, model_dir: Path, commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """`model_dir` placed in a Hugging Face cache at `root` the way huggingface_hub lays it out:
+    blobs, a snapshot of symlinks, refs/main naming the commit."""
+    import hashlib
+    import os
+
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        data = f.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snap), snap / f.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snap
