@@ -19,6 +19,23 @@ MODEL_HELP = ("An embedded model name (tiny-dense, tiny-hybrid), a local model d
               "already in the local Hugging Face cache.")
 
 
+BANK_RAM_HELP = "RAM budget of the session bank (e.g. 2GiB, 512M); default: a quarter of free memory."
+BANK_SSD_HELP = "Disk budget of the bank's SSD tier (e.g. 20GB); default: a tenth of the free disk, at most 20 GiB."
+
+
+def _budgets(bank_ram: str | None, bank_ssd: str | None) -> dict:
+    from mtplx.byte_size import parse_size
+
+    return {"bank_ram": parse_size(bank_ram, "--bank-ram") if bank_ram else None,
+            "bank_ssd": parse_size(bank_ssd, "--bank-ssd") if bank_ssd else None}
+
+
+def _listen(host: str, port: int):
+    from mtplx.server.listener import bind
+
+    return bind(host, port)
+
+
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg="red", err=True)
     raise typer.Exit(2)
@@ -132,9 +149,12 @@ def tui(
     depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
     no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
-    port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port of the endpoint served alongside (127.0.0.1)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port of the endpoint served alongside "
+                             "(127.0.0.1); 0 picks a free one (shown in the header)."),
     no_serve: bool = typer.Option(False, "--no-serve", help="Do not serve the endpoint."),
     no_ssd: bool = typer.Option(False, "--no-ssd", help="Keep the session bank in RAM only."),
+    bank_ram: Optional[str] = typer.Option(None, "--bank-ram", help=BANK_RAM_HELP),
+    bank_ssd: Optional[str] = typer.Option(None, "--bank-ssd", help=BANK_SSD_HELP),
     attach: Optional[str] = typer.Option(None, "--attach", help="Follow a running `mtplx serve` at this URL instead."),
 ) -> None:
     """The workbench: chat, watch restores, anchors and acceptance live, replay transcripts, browse receipts."""
@@ -146,19 +166,18 @@ def tui(
     from mtplx.launch import open_engine
 
     try:
-        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd)
+        sock = None if no_serve else _listen("127.0.0.1", port)  # a busy port fails before the model loads
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd,
+                             **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
         _fail(exc)
     server = None
     try:
-        if not no_serve:
+        if sock is not None:
             from mtplx.server.app import create_app
             from mtplx.server.background import BackgroundServer
 
-            try:
-                server = BackgroundServer(create_app(engine, model), port=port).start()
-            except RuntimeError:  # the port is taken: serve on any free one rather than not at all
-                server = BackgroundServer(create_app(engine, model)).start()
+            server = BackgroundServer(create_app(engine, model), sock=sock).start()
         MtplxApp(engine, model, max_tokens, server.url if server else None).run()
     finally:
         if server is not None:
@@ -170,28 +189,37 @@ def tui(
 def serve(
     model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="0 picks a free port (printed)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MTPLX_API_KEY", help="Required unless bound to loopback."),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
     no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
     no_ssd: bool = typer.Option(False, "--no-ssd", help="Keep the session bank in RAM only."),
+    bank_ram: Optional[str] = typer.Option(None, "--bank-ram", help=BANK_RAM_HELP),
+    bank_ssd: Optional[str] = typer.Option(None, "--bank-ssd", help=BANK_SSD_HELP),
 ) -> None:
-    """Serve the OpenAI + Anthropic compatible API (headless)."""
+    """Serve the OpenAI + Anthropic compatible API (headless). SIGTERM or ctrl+c stops it cleanly:
+    in-flight turns end, the bank is flushed to SSD, exit 0."""
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         _fail(MtplxError(f"binding to {host} exposes the model beyond this machine: pass --api-key"))
     from mtplx.launch import open_engine
     from mtplx.server.app import create_app, serve_forever
 
+    from mtplx.server.listener import url_of
+
     try:
-        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd)
+        sock = _listen(host, port)  # a busy port fails at once, not after the model loads
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd,
+                             **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
         _fail(exc)
     _mtp_notice(engine)
-    typer.echo(f"mtplx serving {model} on http://{host}:{port}/v1", err=True)
+    typer.echo(f"mtplx serving {model} on {url_of(sock)}/v1", err=True)
     try:
-        serve_forever(create_app(engine, model, api_key), host, port)
+        received = serve_forever(create_app(engine, model, api_key), sock, engine.cancel_all)
     finally:
         engine.stop()
+    if received:
+        typer.echo("mtplx stopped: in-flight turns ended, bank flushed", err=True)
 
 
 @app.command()

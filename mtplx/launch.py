@@ -24,16 +24,19 @@ def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int =
 
 
 def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank: bool = True,
-                receipts: bool = True, ssd: bool = True) -> Engine:
-    """A started engine; with a session bank (budget auto-sized from free memory) unless bank=False,
-    persisted under $MTPLX_HOME/bank unless ssd=False, and every turn written to the receipt store
-    unless receipts=False."""
+                receipts: bool = True, ssd: bool = True, bank_ram: int | None = None,
+                bank_ssd: int | None = None) -> Engine:
+    """A started engine; with a session bank unless bank=False (RAM budget `bank_ram` bytes, else a
+    quarter of free memory), persisted under $MTPLX_HOME/bank unless ssd=False (disk budget
+    `bank_ssd` bytes, else a tenth of the free disk up to 20 GiB), and every turn written to the
+    receipt store unless receipts=False."""
     from mtplx.bank.bank import BankConfig
     from mtplx.bank.ssd import SsdConfig
 
     path = resolve(model)
+    bank_config = (BankConfig(budget_bytes=bank_ram) if bank_ram else BankConfig()) if bank else None
     engine = Engine(path, engine_config(path, depth, no_mtp), name=model if "/" not in model else None,
-                    bank=BankConfig() if bank else None, ssd=SsdConfig.default() if bank and ssd else None).start()
+                    bank=bank_config, ssd=SsdConfig.default(budget_bytes=bank_ssd) if bank and ssd else None).start()
     if (line := notice(activate())) is not None:  # the one notice when the CPU fast path is missing
         print(line, file=sys.stderr)
     if receipts:

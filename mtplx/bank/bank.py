@@ -321,10 +321,10 @@ class SessionBank:
                 self.ssd_views.pop(gone)
                 self.notify("evicted", f"{gone} from SSD: over the disk budget")
 
-        if not self._ssd_do(write, entry.entry_id):
+        if not self._ssd_do(write, entry.entry_id, is_write=True):
             self.pending_writes.appendleft(entry)  # retried after the back-off, while it is in RAM
 
-    def _ssd_do(self, action, entry_id: str) -> bool:
+    def _ssd_do(self, action, entry_id: str, is_write: bool = False) -> bool:
         """Run one SSD action; any failure (full or read-only disk, I/O error, a failing writer)
         degrades the tier to RAM-only instead of reaching the turn or the engine thread."""
         try:
@@ -337,7 +337,7 @@ class SessionBank:
             self.notify("ssd_failed", f"{entry_id}: {self.ssd_health.error}; RAM-only, retry in "
                                       f"{self.ssd_health.waiting:.0f}s")
             return False
-        if self.ssd_health.error is not None:
+        if self.ssd_health.error is not None and is_write:  # only a write proves the disk takes writes again
             log.warning("SSD tier recovered")
             self.notify("ssd_recovered", f"{entry_id} written; SSD tier back")
             self.ssd_health.recovered()

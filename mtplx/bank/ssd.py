@@ -64,14 +64,34 @@ class SsdTier:
         self.config = config
         self.root = config.root
         self.root.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.root / "manifest.db"), isolation_level=None, check_same_thread=False, timeout=5)
-        self.db.execute("pragma journal_mode = wal")
-        self.db.execute("""create table if not exists entries (
+        try:
+            self.db = self._open_manifest()
+        except sqlite3.DatabaseError as exc:  # a damaged manifest: the entries are only a cache, start over
+            log.warning("bank manifest %s is unreadable (%s); discarding the SSD tier's entries", self.root, exc)
+            for path in self.root.iterdir():
+                if path.name.startswith("manifest.db") or path.suffix == ".safetensors" or path.name.startswith(".tmp-"):
+                    path.unlink(missing_ok=True)
+            self.db = self._open_manifest()
+        self.reconcile()
+        self.enforce_budget()  # a crash between a row and its eviction pass can leave the tier over budget
+
+    def _open_manifest(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.root / "manifest.db"), isolation_level=None, check_same_thread=False, timeout=5)
+        try:
+            self._create(db)
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    @staticmethod
+    def _create(db: sqlite3.Connection) -> None:
+        db.execute("pragma journal_mode = wal")
+        db.execute("""create table if not exists entries (
             entry_id text primary key, file text, identity text, token_count integer, tokens blob, nbytes integer,
             checksum text, version integer, session text, created real, last_used real, anchors text,
             restorable text, mtp_len integer, has_last_hidden integer)""")
-        self.reconcile()
-        self.enforce_budget()  # a crash between a row and its eviction pass can leave the tier over budget
+        db.execute("select count(*) from entries").fetchone()  # reads a page: a garbage file fails here
 
     # -- housekeeping -----------------------------------------------------------------------
     def reconcile(self) -> dict:
@@ -185,13 +205,17 @@ class SsdTier:
                 "mtp_len": str(entry.mtp_len if entry.mtp_len is not None else -1)}
         name = f"{entry.entry_id}.safetensors"
         tmp = self.root / f".tmp-{entry.entry_id}.safetensors"
-        mx.save_safetensors(str(tmp), arrays, metadata=meta)
-        fd = os.open(tmp, os.O_RDONLY)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.root / name)
+            mx.save_safetensors(str(tmp), arrays, metadata=meta)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.root / name)
+        except BaseException:  # a failed write (full or read-only disk) leaves no half file behind
+            tmp.unlink(missing_ok=True)
+            raise
         view = entry.view()
         self.db.execute("insert or replace into entries values (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", (
             entry.entry_id, name, entry.identity, len(entry.tokens), np.asarray(entry.tokens, dtype=np.int32).tobytes(),

@@ -117,16 +117,21 @@ class Engine:
             raise EngineStopped(f"model {self.model_path} did not load within {timeout}s")
         return self
 
-    def stop(self, timeout: float = 30) -> None:
-        """Cancel what runs and what waits (each ends within one prefill chunk or decode step),
-        flush the bank, and end the thread."""
+    def cancel_all(self) -> None:
+        """Cancel what runs and what waits: each ends within one prefill chunk or decode step with
+        a normal Finished("cancelled"), so streams close properly (a server shutting down)."""
         with self._lock:
-            self._stopping = True
             waiting = [s for q in self._queues.values() for s in q if isinstance(s, Submission)]
             current = self._current
-            self._lock.notify_all()
         for sub in waiting + ([current] if current is not None else []):
             sub.cancel()
+
+    def stop(self, timeout: float = 30) -> None:
+        """Cancel all work, flush the bank, and end the thread."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        self.cancel_all()
         if self._thread is not None:
             self._thread.join(timeout=timeout)
 
@@ -142,8 +147,8 @@ class Engine:
             out["engine_error"] = self.died
         if self.bank is not None:
             out["bank"] = self.bank.health()
-        elif self.ssd_error:
-            out["bank"] = {"ssd": "degraded", "ssd_error": self.ssd_error}
+            if self.ssd_error:  # the tier could not even be opened: RAM-only for this run
+                out["bank"].update(ssd="degraded", ssd_error=self.ssd_error)
         return out
 
     @property
@@ -283,10 +288,8 @@ class Engine:
             sub.run()
             return
         self.busy, self._current = sub.request.request_id, sub
-        try:
-            self._serve(sub)
-        finally:
-            self.busy, self._current = None, None
+        self._serve(sub)  # catches every Exception; what escapes kills the thread and _fail_all needs _current
+        self.busy, self._current = None, None
 
     def _fail_all(self, message: str, kind: str) -> None:
         with self._lock:

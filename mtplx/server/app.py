@@ -151,11 +151,30 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         prompt_text = body.get("prompt")
         if not isinstance(prompt_text, str) or not prompt_text:
             raise bad_request("prompt must be a non-empty string", "prompt")
-        if body.get("stream"):
-            raise bad_request("streaming is not supported on /v1/completions; use /v1/chat/completions", "stream")
-        call = ChatCall([], None, sampling_from(body, defaults, limit()))
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise bad_request("stream must be a boolean", "stream")
+        if body.get("stream_options") is not None and not stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
+        call = ChatCall([], None, sampling_from(body, defaults, limit()), stream, include_usage)
         sub = submit(engine, call, tokenizer.encode(prompt_text), "api", session_from(request.headers))
-        return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request)
+        if not stream:
+            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request)
+        chunks = openai_response.TextCompletionStream(model_name)
+
+        async def text_stream():
+            async for event in events(sub):
+                if isinstance(event, Tokens) and event.text:
+                    yield _sse(chunks.text(event.text))
+                elif isinstance(event, Finished):
+                    for c in chunks.finish(event, include_usage):
+                        yield _sse(c)
+                elif isinstance(event, Failed):
+                    yield _sse(_failure(event).body())
+            yield _sse("[DONE]")
+
+        return StreamingResponse(text_stream(), media_type="text/event-stream")
 
     # -- Anthropic --------------------------------------------------------------------------
     @app.post("/v1/messages")
@@ -257,8 +276,36 @@ async def _whole(sub, build, request: Request):
     return JSONResponse(build(fin))
 
 
-def serve_forever(app: FastAPI, host: str, port: int) -> None:
+def serve_forever(app: FastAPI, sock, on_signal=lambda: None) -> list[int]:
+    """Serve on a bound socket until SIGTERM or SIGINT; returns the signals received.
+
+    On a signal uvicorn stops accepting and gives open connections a few seconds; `on_signal`
+    (the engine's cancel_all) ends every turn at its next step, so each stream still closes with
+    its final chunk instead of being cut. uvicorn then raises the signal again for the previous
+    handler; ours only records it, so the caller's `finally` runs: the engine flushes the bank to
+    SSD and the process exits 0. A second ctrl+c during that exits at once."""
+    import signal
+
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    received: list[int] = []
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            on_signal()
+
+    def record(sig, frame):
+        if received and sig == signal.SIGINT:
+            raise SystemExit(130)
+        received.append(sig)
+
+    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)).run(sockets=[sock])
+    finally:
+        sock.close()
+    if not received:  # after a signal ours stay, so the caller's clean-up is not cut short
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return received
