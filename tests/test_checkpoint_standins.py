@@ -258,3 +258,43 @@ def test_unsupported_architecture_exits_2_with_one_line(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 2, run.stderr
         assert run.stderr.strip().count("\n") == 0 and "warp_drive" in run.stderr
+
+
+def test_real_qwen3_template_tool_conversation_restores_its_ceiling(built, engines):
+    """On the real Qwen3 tokenizer and template: system + tools, user, assistant tool call, tool
+    result, new user — every warm turn restores at least 0.99 of its reuse ceiling."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.bank.spans import reuse_ratio
+    from mtplx.events import Restored
+    from mtplx.server.app import create_app
+
+    _row(built, "qwen3-hf")
+    engine = engines("qwen3-hf")
+    seen: list[Restored] = []
+    listener = lambda e: seen.append(e) if isinstance(e, Restored) else None
+    engine.listeners.append(listener)
+    call = {"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "src/app.py"}'}}
+    turns = [
+        [{"role": "system", "content": "You are a careful coding agent working inside a repository. " * 8},
+         {"role": "user", "content": "Read src/app.py and tell me what it does."}],
+        [{"role": "assistant", "content": "", "tool_calls": [call]},
+         {"role": "tool", "tool_call_id": "call_0", "content": "def main():\n    print('hello')\n" * 6}],
+        [{"role": "assistant", "content": "It prints hello six times."},
+         {"role": "user", "content": "Now make it print goodbye instead."}],
+    ]
+    messages, ratios = [], []
+    try:
+        with TestClient(create_app(engine, "qwen3-hf")) as client:
+            for turn in turns:
+                messages += turn
+                r = client.post("/v1/chat/completions", headers={"x-session-id": "real-template"},
+                                json={"messages": messages, "tools": TOOLS, "max_tokens": 8, "temperature": 0})
+                assert r.status_code == 200, r.text
+                restored = seen[-1]
+                ratios.append(reuse_ratio(restored.cached_tokens, restored.ceiling))
+                engine.settle()  # the agent runs its tool: idle time the bank may use
+    finally:
+        engine.listeners.remove(listener)
+    assert ratios[0] is None or ratios[0] == 0 or seen[0].cached_tokens == 0
+    assert all(r is not None and r >= 0.99 for r in ratios[1:]), ratios

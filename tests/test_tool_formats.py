@@ -1,0 +1,121 @@
+"""Tool-call formats: JSON and Qwen3.5 XML bodies in <tool_call>, the delegated formats, streaming
+across chunk boundaries, arguments reaching templates that iterate them, and a Qwen3.5-format call
+round-tripping through the server (emitted -> parsed -> sent back -> 200)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mtplx.chat import parse_reply, render
+from mtplx.reply_stream import ReplyStream
+from mtplx.tool_formats import by_name, template_iterates_arguments
+
+XML_CALL = ("<tool_call>\n<function=edit_file>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
+            "<parameter=line>\n12\n</parameter>\n<parameter=text>\nx = 1\ny = [2]\n</parameter>\n</function>\n</tool_call>")
+TOOLS = [{"type": "function", "function": {"name": "edit_file", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "line": {"type": "integer"}, "text": {"type": "string"}}}}}]
+
+
+def _stream(text, size=3, **kw):
+    stream, pieces = ReplyStream(**kw), []
+    for i in range(0, len(text), size):
+        pieces += stream.feed(text[i:i + size])
+    return pieces + stream.feed("", final=True)
+
+
+def test_xml_call_streamed_in_small_chunks():
+    pieces = _stream("<think>\nplan\n</think>\n\n" + XML_CALL, tools=TOOLS)
+    assert [p.kind for p in pieces if p.kind != "reasoning"] == ["tool_call"]
+    call = pieces[-1]
+    assert call.name == "edit_file"
+    assert json.loads(call.arguments) == {"path": "src/a.py", "line": 12, "text": "x = 1\ny = [2]"}
+
+
+def test_xml_values_without_a_schema_stay_text_unless_unambiguous():
+    call = _stream(XML_CALL)[-1]
+    assert json.loads(call.arguments) == {"path": "src/a.py", "line": 12, "text": "x = 1\ny = [2]"}
+
+
+def test_json_call_and_broken_call():
+    pieces = _stream('<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>')
+    assert (pieces[0].name, json.loads(pieces[0].arguments)) == ("read_file", {"path": "a.py"})
+    broken = _stream("<tool_call>\n{not json</tool_call> after")
+    assert {p.kind for p in broken} == {"content"}
+    assert "".join(p.text for p in broken) == "<tool_call>\n{not json</tool_call>after"
+
+
+def test_delegated_format_without_a_closing_tag():
+    """Mistral's [TOOL_CALLS] runs to the end of the output; mlx-lm's own parser reads the body."""
+    fmt = by_name("mistral")
+    pieces = _stream('Sure.[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]', tool_format=fmt)
+    assert pieces[0].kind == "content" and pieces[-1].kind == "tool_call" and pieces[-1].name == "read_file"
+
+
+def test_registry_names_every_parser_mlx_lm_recognises():
+    import importlib
+    import pkgutil
+
+    import mlx_lm.tool_parsers as parsers
+
+    for module in pkgutil.iter_modules(parsers.__path__):
+        fmt = by_name(module.name)
+        mod = importlib.import_module(f"mlx_lm.tool_parsers.{module.name}")
+        assert (fmt.start, fmt.end) == (mod.tool_call_start, mod.tool_call_end), module.name
+
+
+def test_parse_reply_reads_xml():
+    message = parse_reply("<think>\nok\n</think>\n\n" + XML_CALL)
+    assert message["reasoning_content"] == "ok" and message["content"] == ""
+    assert message["tool_calls"][0]["function"]["name"] == "edit_file"
+
+
+def test_arguments_reach_an_items_template_as_a_mapping(tokenizer):
+    template = (Path(__file__).parent / "fixtures" / "qwen3_5_style.jinja").read_text()
+    assert template_iterates_arguments(template) and not template_iterates_arguments(tokenizer.chat_template)
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    import standins
+
+    path = standins.qwen3_5_from_tiny(tmp_path_factory.mktemp("q35") / "model")
+    (path / "chat_template.jinja").write_text((Path(__file__).parent / "fixtures" / "qwen3_5_style.jinja").read_text())
+    from mtplx.bank.bank import BankConfig
+    from mtplx.engine.engine import Engine, EngineConfig
+
+    engine = Engine(path, EngineConfig(chunk_size=64), name="qwen3_5", bank=BankConfig()).start()
+    yield engine
+    engine.stop()
+
+
+def test_qwen35_call_round_trips_through_the_server(qwen35):
+    """The call as the template writes it (the form the model is trained to emit) is parsed into an
+    OpenAI tool call, sent back with its result (arguments as a JSON string, as clients send
+    them), accepted with 200, and re-rendered as exactly the text that was emitted."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.server.app import create_app
+
+    tok = qwen35.checkpoint.tokenizer
+    assert qwen35.checkpoint.tool_format.name == "tool_call"
+    history = [{"role": "system", "content": "You edit files."}, {"role": "user", "content": "Fix line 12 of src/a.py."}]
+    pieces = _stream(XML_CALL, tools=TOOLS)
+    sent = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
+        for p in pieces if p.kind == "tool_call"]}
+    messages = history + [sent, {"role": "tool", "tool_call_id": "call_0", "content": "ok"}]
+    rendered = tok.decode(render(tok, messages, TOOLS))
+    assert XML_CALL in rendered
+    with TestClient(create_app(qwen35, "qwen3_5")) as client:
+        r = client.post("/v1/chat/completions", json={"messages": messages, "tools": TOOLS, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        r = client.post("/v1/messages", json={"model": "qwen3_5", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "Fix line 12 of src/a.py."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_0", "name": "edit_file",
+                                               "input": json.loads(sent["tool_calls"][0]["function"]["arguments"])}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_0", "content": "ok"}]}],
+            "tools": [{"name": "edit_file", "input_schema": TOOLS[0]["function"]["parameters"]}]})
+        assert r.status_code == 200, r.text
