@@ -143,6 +143,14 @@ def tune(
         _fail(exc)
 
 
+def _window_notice(engine) -> None:
+    from mtplx.server.context import window_notice
+
+    notice = window_notice(engine)
+    if notice:
+        typer.secho(f"notice: {notice}", fg="yellow", err=True)
+
+
 @app.command()
 def tui(
     model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP),
@@ -156,6 +164,8 @@ def tui(
     bank_ram: Optional[str] = typer.Option(None, "--bank-ram", help=BANK_RAM_HELP),
     bank_ssd: Optional[str] = typer.Option(None, "--bank-ssd", help=BANK_SSD_HELP),
     attach: Optional[str] = typer.Option(None, "--attach", help="Follow a running `mtplx serve` at this URL instead."),
+    context_window: Optional[int] = typer.Option(None, "--context-window", min=256, help="Tokens of context (prompt + "
+                                                 "reply) to allow; default: the model's max_position_embeddings."),
 ) -> None:
     """The workbench: chat, watch restores, anchors and acceptance live, replay transcripts, browse receipts."""
     from tui.app import MtplxApp
@@ -167,10 +177,11 @@ def tui(
 
     try:
         sock = None if no_serve else _listen("127.0.0.1", port)  # a busy port fails before the model loads
-        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd,
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd, context_window=context_window,
                              **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
         _fail(exc)
+    _window_notice(engine)
     server = None
     try:
         if sock is not None:
@@ -196,6 +207,8 @@ def serve(
     no_ssd: bool = typer.Option(False, "--no-ssd", help="Keep the session bank in RAM only."),
     bank_ram: Optional[str] = typer.Option(None, "--bank-ram", help=BANK_RAM_HELP),
     bank_ssd: Optional[str] = typer.Option(None, "--bank-ssd", help=BANK_SSD_HELP),
+    context_window: Optional[int] = typer.Option(None, "--context-window", min=256, help="Tokens of context (prompt + "
+                                                 "reply) to allow; default: the model's max_position_embeddings."),
 ) -> None:
     """Serve the OpenAI + Anthropic compatible API (headless). SIGTERM or ctrl+c stops it cleanly:
     in-flight turns end, the bank is flushed to SSD, exit 0."""
@@ -208,10 +221,11 @@ def serve(
 
     try:
         sock = _listen(host, port)  # a busy port fails at once, not after the model loads
-        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd,
+        engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd, context_window=context_window,
                              **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
         _fail(exc)
+    _window_notice(engine)
     _mtp_notice(engine)
     typer.echo(f"mtplx serving {model} on {url_of(sock)}/v1", err=True)
     try:

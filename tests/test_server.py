@@ -206,6 +206,7 @@ def test_sdk_errors_are_clean(server, client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny-dense", messages=ask(), n=2)
     claude = anthropic.Anthropic(base_url=server[0], api_key="x", max_retries=0)
-    with pytest.raises(anthropic.BadRequestError):
-        claude.messages.create(model="tiny-dense", max_tokens=5, messages=[{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.messages.create(model="tiny-dense", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+                               extra_body={"thinking": {"type": "sometimes"}})
+    assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"

@@ -138,6 +138,7 @@ def train(args: argparse.Namespace) -> None:
     export(model, args.out, args.tokenizer, {"step": step, "tokens": tokens + args.prior_tokens, "seed": args.seed, "final": True,
                                              "assistant_weight": args.assistant_weight,
                                              "continued_from_tokens": args.prior_tokens,
+                                             "train_window": args.seq,
                                              "loss": main.item(), "mtp1_loss": mtp1.item(), "mtp2_loss": mtp2.item()})
     print(f"{args.kind}: done, {tokens:,} tokens in {time.time() - start:.0f}s")
 

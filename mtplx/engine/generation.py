@@ -173,7 +173,8 @@ class Generation:
             t0 += self.stats.mtp_prefill_s
         speculator = None
         if self.use_mtp:
-            speculator = Speculator(self.runner, self.sampler, self.state, self.last_hidden, first, self.stats, self.eos_ids)
+            speculator = Speculator(self.runner, self.sampler, self.state, self.last_hidden, first, self.stats, self.eos_ids,
+                                    self._ruled if self.request.tool_rule else None)
         self.speculator = speculator
         last = first
         while self.finish_reason is None:
@@ -202,9 +203,14 @@ class Generation:
         t = time.perf_counter()
         if self.params.repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, list(self.request.prompt) + self.generated, self.params.repetition_penalty)
-        token = self.sampler.pick(logits)
+        token = self.sampler.pick(self._ruled(logits, []))
         self.stats.sample_s += time.perf_counter() - t
         return token
+
+    def _ruled(self, logits: mx.array, drafted: list[int]) -> mx.array:
+        """A position's logits under the request's tool rule; `drafted`: tokens after the generated ones."""
+        rule = self.request.tool_rule
+        return logits if rule is None else rule.apply(logits, self.generated + drafted)
 
     def _ar_step(self, last: int) -> int:
         t = time.perf_counter()

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from mtplx.engine.sampling import SamplingParams
+from mtplx.engine.tool_rule import ToolRule
 from mtplx.errors import RequestError
 
 
@@ -25,6 +26,7 @@ class GenerationRequest:
     chat: dict | None = None  # {"messages", "tools", "enable_thinking"} when rendered from a chat
     arm: str | None = None  # the A/B arm a replay runs this under
     raw: str | None = None  # the request as the client sent it (kept in the receipt)
+    tool_rule: ToolRule | None = None  # may / must the reply call a tool (None: free)
 
     def __post_init__(self):
         if not self.prompt:

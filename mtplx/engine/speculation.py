@@ -47,8 +47,12 @@ def accept_drafts(logits: mx.array, drafts: list[int], dists: list, sampler: Sam
 
 class Speculator:
     def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int,
-                 stats: GenerationStats, eos_ids: set[int] = frozenset()):
+                 stats: GenerationStats, eos_ids: set[int] = frozenset(), shape=None):
         self.runner, self.sampler, self.state, self.stats = runner, sampler, state, stats
+        # shape(logits, drafted): one position's logits under the request's tool rule. Drafts and
+        # every verify row go through the same transform as an autoregressive pick, so the kept
+        # tokens are exactly what AR decoding under the rule gives.
+        self.shape = shape
         self.eos_ids = eos_ids
         self.params = sampler.params
         # MTP pairs (hidden at t, token at t+1) not yet fed to the MTP cache; the last pair's
@@ -63,6 +67,8 @@ class Speculator:
         drafts, dists = [], []
         for i in range(k):
             logits = runner.logits(m)[0, -1]
+            if self.shape is not None:
+                logits = self.shape(logits, drafts)
             if self.params.greedy:
                 drafts.append(int(mx.argmax(logits).item()))
                 dists.append(None)
@@ -86,6 +92,8 @@ class Speculator:
         cache_state.set_capture(state.trunk, capture)
         hidden = runner.hidden(fed, state.trunk)
         logits = runner.logits(hidden)[0]
+        if self.shape is not None:
+            logits = mx.stack([self.shape(logits[i], drafts[:i]) for i in range(len(fed))])
         mx.eval(logits)
         t2 = time.perf_counter()
         accepted, extra = accept_drafts(logits, drafts, dists, self.sampler)

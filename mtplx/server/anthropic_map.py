@@ -1,4 +1,5 @@
-"""Anthropic Messages API <-> the chat form the engine renders. Pure mapping."""
+"""Anthropic Messages API <-> the chat form the engine renders. Pure mapping (the signer is
+passed in)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ import uuid
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished
 from mtplx.server.api_error import bad_request
+from mtplx.server.media import ANTHROPIC_MEDIA, placeholder
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
+from mtplx.server.signature import Signer
+from mtplx.server.tool_args import canonical
+from mtplx.server.tool_choice import from_anthropic
 from mtplx.reply_stream import Piece, ReplyStream
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+               429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
 def _blocks(content, p: str) -> list[dict]:
@@ -23,60 +33,100 @@ def _blocks(content, p: str) -> list[dict]:
     return content
 
 
-def _text_of(content, p: str) -> str:
+def _text_of(content, p: str, media: bool = False) -> str:
+    """Text blocks joined; with `media`, image/document blocks become a short placeholder."""
     if isinstance(content, str):
         return _check_text(content, p)
     parts = []
     for i, b in enumerate(_blocks(content, p)):
+        if media and b["type"] in ANTHROPIC_MEDIA:
+            parts.append(placeholder(b))
+            continue
         if b["type"] != "text" or not isinstance(b.get("text"), str):
             raise bad_request(f"{p}[{i}] must be a text block", f"{p}[{i}]")
         parts.append(_check_text(b["text"], f"{p}[{i}].text"))
     return "".join(parts)
 
 
-def to_messages(body: dict) -> list[dict]:
-    out = []
-    if body.get("system") is not None:
-        out.append({"role": "system", "content": _text_of(body["system"], "system")})
+def _system_text(content, p: str) -> str:
+    """A system prompt's text. Claude Code's first block is a billing header for Anthropic's own
+    accounting (its hash changes with every request), not an instruction: it is left out so it
+    cannot break the prompt's cache."""
+    if isinstance(content, list):
+        content = [b for b in content if not (isinstance(b, dict) and isinstance(b.get("text"), str)
+                                              and b["text"].startswith(BILLING_HEADER))]
+    return _text_of(content, p)
+
+
+def to_messages(body: dict, signer: Signer | None = None) -> list[dict]:
+    """Anthropic messages as chat messages. System text (the `system` field and system-role
+    messages before the first turn) leads as one system message; a system message later in the
+    conversation stays where it is (turns.encode folds it when the template refuses that)."""
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages must be a non-empty list", "messages")
+    head = []
+    if body.get("system") is not None:
+        head.append(_system_text(body["system"], "system"))
+    out = []
     for i, m in enumerate(raw):
         p = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise bad_request(f"{p}.role must be 'user' or 'assistant'", f"{p}.role")
-        blocks = _blocks(m.get("content"), f"{p}.content")
-        if m["role"] == "assistant":
-            msg = {"role": "assistant", "content": "", "tool_calls": []}
-            for b in blocks:
-                if b["type"] == "text":
-                    msg["content"] += _check_text(str(b.get("text", "")), f"{p}.content")
-                elif b["type"] == "thinking":
-                    msg["reasoning_content"] = _check_text(str(b.get("thinking", "")), f"{p}.content")
-                elif b["type"] == "tool_use":
-                    if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
-                        raise bad_request(f"{p}: tool_use needs a name and an input object", p)
-                    msg["tool_calls"].append({"id": b.get("id", ""), "type": "function",
-                                              "function": {"name": b["name"], "arguments": json.dumps(b.get("input", {}))}})
-            if not msg["tool_calls"]:
-                del msg["tool_calls"]
-            out.append(msg)
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise bad_request(f"{p}.role must be 'user', 'assistant' or 'system'", f"{p}.role")
+        if m["role"] == "system":
+            text = _system_text(m.get("content"), f"{p}.content")
+            (head if not out else out).append(text if not out else {"role": "system", "content": text})
             continue
-        text = []
-        for b in blocks:
-            if b["type"] == "tool_result":
-                if text:
-                    out.append({"role": "user", "content": "".join(text)})
-                    text = []
-                result = b.get("content", "")
-                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
-                            "content": result if isinstance(result, str) else _text_of(result, f"{p}.content")})
-            elif b["type"] == "text":
-                text.append(_check_text(str(b.get("text", "")), f"{p}.content"))
-            else:
-                raise bad_request(f"{p}: content block type {b['type']!r} is not supported", p)
-        if text:
-            out.append({"role": "user", "content": "".join(text)})
+        blocks = _blocks(m.get("content"), f"{p}.content")
+        out += _assistant(blocks, p, signer) if m["role"] == "assistant" else _user(blocks, p)
+    lead = [{"role": "system", "content": "\n\n".join(t for t in head if t)}] if any(head) else []
+    return lead + out
+
+
+def _assistant(blocks: list[dict], p: str, signer: Signer | None) -> list[dict]:
+    msg = {"role": "assistant", "content": "", "tool_calls": []}
+    thoughts = []
+    for b in blocks:
+        if b["type"] == "text":
+            msg["content"] += _check_text(str(b.get("text", "")), f"{p}.content")
+        elif b["type"] == "thinking":
+            # A block signed by this install is our own reasoning, rendered back as reasoning; an
+            # unsigned or foreign one is reasoning by its type too (kept, never shown as text).
+            thoughts.append(_check_text(str(b.get("thinking", "")), f"{p}.content"))
+        elif b["type"] == "redacted_thinking":
+            continue  # opaque to anyone but its issuer
+        elif b["type"] == "tool_use":
+            if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
+                raise bad_request(f"{p}: tool_use needs a name and an input object", p)
+            msg["tool_calls"].append({"id": b.get("id", ""), "type": "function",
+                                      "function": {"name": b["name"], "arguments": canonical(b.get("input", {}))}})
+        else:
+            raise bad_request(f"{p}: content block type {b['type']!r} is not supported in an assistant turn", p)
+    if thoughts:
+        msg["reasoning_content"] = "\n\n".join(thoughts)
+    if not msg["tool_calls"]:
+        del msg["tool_calls"]
+    return [msg]
+
+
+def _user(blocks: list[dict], p: str) -> list[dict]:
+    out, text = [], []
+    for b in blocks:
+        if b["type"] == "tool_result":
+            if text:
+                out.append({"role": "user", "content": "".join(text)})
+                text = []
+            result = b.get("content", "")
+            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                        "content": _text_of(result, f"{p}.content", media=True) if result is not None else ""})
+        elif b["type"] == "text":
+            text.append(_check_text(str(b.get("text", "")), f"{p}.content"))
+        elif b["type"] in ANTHROPIC_MEDIA:
+            text.append(placeholder(b))
+        else:
+            raise bad_request(f"{p}: content block type {b['type']!r} is not supported", p)
+    if text:
+        out.append({"role": "user", "content": "".join(text)})
     return out
 
 
@@ -94,19 +144,36 @@ def to_tools(raw) -> list[dict] | None:
     return tools or None
 
 
-def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, require_max_tokens: bool = True) -> ChatCall:
+def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, require_max_tokens: bool = True,
+                        signer: Signer | None = None) -> ChatCall:
     if require_max_tokens and "max_tokens" not in body:
         raise bad_request("max_tokens is required", "max_tokens")
-    messages, tools = to_messages(body), to_tools(body.get("tools"))
+    messages, tools = to_messages(body, signer), to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("max_tokens", "temperature", "top_p", "top_k") if k in body}
     if "stop_sequences" in body:
         mapped["stop"] = body["stop_sequences"]
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("stream must be a boolean", "stream")
-    thinking = body.get("thinking")
-    enable = None if thinking is None else (isinstance(thinking, dict) and thinking.get("type") == "enabled")
-    return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, enable, None)
+    return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
+                    thinking_flag(body.get("thinking")), None, from_anthropic(body.get("tool_choice"), tools))
+
+
+def thinking_flag(thinking) -> bool | None:
+    """enabled -> on; disabled -> off; adaptive or absent -> the template's own default (the
+    model decides whether to reason)."""
+    if thinking is None:
+        return None
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise bad_request("thinking.type must be 'enabled', 'adaptive' or 'disabled'", "thinking.type")
+    return {"enabled": True, "disabled": False}.get(kind)
+
+
+def error_body(status: int, message: str, kind: str | None = None) -> dict:
+    """The Anthropic error shape (the Anthropic routes answer in it, OpenAI's in OpenAI's)."""
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def stop_reason(fin: Finished, tool_calls: int) -> str:
@@ -115,18 +182,19 @@ def stop_reason(fin: Finished, tool_calls: int) -> str:
     return "tool_use" if tool_calls else "end_turn"
 
 
-def _usage(fin: Finished) -> dict:
-    return {"input_tokens": fin.prompt_tokens - fin.cached_tokens, "output_tokens": fin.completion_tokens,
-            "cache_read_input_tokens": fin.cached_tokens, "cache_creation_input_tokens": 0}
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
+    """input_tokens + cache_read_input_tokens = the prompt (what was computed + what was restored)."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
+            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
 
 
-def message(model: str, fin: Finished, in_reasoning: bool) -> dict:
+def message(model: str, fin: Finished, in_reasoning: bool, signer: Signer) -> dict:
     pieces = ReplyStream(in_reasoning).feed(fin.text, final=True)
     content, calls = [], 0
     for kind in ("reasoning", "content"):
         text = "".join(p.text for p in pieces if p.kind == kind)
         if text:
-            content.append({"type": "thinking", "thinking": text, "signature": ""} if kind == "reasoning"
+            content.append({"type": "thinking", "thinking": text, "signature": signer.sign(text)} if kind == "reasoning"
                            else {"type": "text", "text": text})
     for p in pieces:
         if p.kind == "tool_call":
@@ -134,7 +202,8 @@ def message(model: str, fin: Finished, in_reasoning: bool) -> dict:
             content.append({"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": p.name,
                             "input": _input(p.arguments)})
     return {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": stop_reason(fin, calls), "stop_sequence": None, "usage": _usage(fin)}
+            "content": content, "stop_reason": stop_reason(fin, calls), "stop_sequence": None,
+            "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}
 
 
 def _input(arguments: str) -> dict:
@@ -146,25 +215,29 @@ def _input(arguments: str) -> dict:
 
 
 class MessageStream:
-    """Anthropic stream events, in the documented order, with sequential block indices."""
+    """Anthropic stream events, in the documented order, with sequential block indices. A
+    thinking block ends with a signature_delta signing the whole block's text."""
 
-    def __init__(self, model: str, in_reasoning: bool, prompt_tokens: int):
-        self.model, self.reply = model, ReplyStream(in_reasoning)
+    def __init__(self, model: str, in_reasoning: bool, signer: Signer):
+        self.model, self.reply, self.signer = model, ReplyStream(in_reasoning), signer
         self.id = "msg_" + uuid.uuid4().hex[:24]
-        self.prompt_tokens = prompt_tokens
         self.index, self.open_kind, self.calls = -1, None, 0
+        self.thinking = ""
 
-    def start(self) -> list[tuple[str, dict]]:
+    def start(self, prompt_tokens: int, cached_tokens: int) -> list[tuple[str, dict]]:
         return [("message_start", {"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-            "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}})]
+            "stop_reason": None, "stop_sequence": None, "usage": usage(prompt_tokens, cached_tokens, 0)}})]
 
     def _close(self) -> list[tuple[str, dict]]:
         if self.open_kind is None:
             return []
-        self.open_kind = None
-        return [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        out = []
+        if self.open_kind == "reasoning":
+            out.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                "delta": {"type": "signature_delta", "signature": self.signer.sign(self.thinking)}}))
+        self.open_kind, self.thinking = None, ""
+        return out + [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def _open(self, kind: str, block: dict) -> list[tuple[str, dict]]:
         out = self._close()
@@ -189,6 +262,8 @@ class MessageStream:
         if p.kind != self.open_kind:
             block = {"type": "thinking", "thinking": "", "signature": ""} if p.kind == "reasoning" else {"type": "text", "text": ""}
             out += self._open(p.kind, block)
+        if p.kind == "reasoning":
+            self.thinking += p.text
         delta = {"type": "thinking_delta", "thinking": p.text} if p.kind == "reasoning" else {"type": "text_delta", "text": p.text}
         return out + [("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})]
 
@@ -196,5 +271,5 @@ class MessageStream:
         out = self.text("", final=True) + self._close()
         out.append(("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": stop_reason(fin, self.calls), "stop_sequence": None},
-                                      "usage": _usage(fin)}))
+                                      "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}))
         return out + [("message_stop", {"type": "message_stop"})]

@@ -19,13 +19,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import Failed, Finished, Tokens, event_dict
+from mtplx.events import Failed, Finished, Restored, Tokens, event_dict
 from mtplx.server import anthropic_map, openai_response
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
+from mtplx.home import home_path
+from mtplx.server.context import window_of
+from mtplx.server.recorder import Recorder
+from mtplx.server.signature import Signer
+from mtplx.server.tool_choice import ToolRules
 from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from
-from mtplx.server.turns import encode, events, session_from, starts_in_reasoning, submit
+from mtplx.server.turns import budget_headers, encode, events, session_from, starts_in_reasoning, submit
 
 log = logging.getLogger("mtplx.server")
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
@@ -47,37 +52,45 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     engine.listeners.append(metrics.observe)
     subscribers: set[asyncio.Queue] = set()
     app.state.metrics, app.state.encode_cache = metrics, cache
+    recorder = Recorder.from_env()
+    rules = ToolRules(tokenizer, engine.eos_ids)
+    signer = Signer.at(home_path("signing.key"))
 
     def limit() -> int:
         return engine.context_window
 
     # -- errors -----------------------------------------------------------------------------
+    def shaped(request: Request, err: ApiError) -> JSONResponse:
+        """The Anthropic routes answer errors in Anthropic's shape, the others in OpenAI's."""
+        anthropic = request.url.path.startswith("/v1/messages")
+        return JSONResponse(anthropic_map.error_body(err.status, err.message) if anthropic else err.body(), status_code=err.status)
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return shaped(request, exc)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         kind = {404: "not_found_error", 405: "invalid_request_error", 401: "authentication_error"}.get(exc.status_code, "invalid_request_error")
         message = {404: f"no route {request.url.path}", 405: f"method {request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-        return JSONResponse(ApiError(exc.status_code, message, None, kind).body(), status_code=exc.status_code)
+        return shaped(request, ApiError(exc.status_code, message, None, kind))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        return JSONResponse(bad_request("invalid request").body(), status_code=400)
+        return shaped(request, bad_request("invalid request"))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         rid = "req_" + uuid.uuid4().hex[:12]
         log.exception("internal error %s on %s", rid, request.url.path)
         detail = f": {type(exc).__name__}: {exc}" if os.environ.get("MTPLX_DEBUG_ERRORS") == "1" else ""
-        return JSONResponse(ApiError(500, f"internal server error (request id {rid}){detail}", None, "server_error", rid).body(),
-                            status_code=500)
+        return shaped(request, ApiError(500, f"internal server error (request id {rid}){detail}", None, "server_error", rid))
 
     app.add_middleware(Guard, api_key=api_key, metrics=metrics)
 
     async def body_of(request: Request) -> tuple[bytes, dict]:
         raw = await request.body()
+        recorder.record(request.method, request.url.path, request.headers, raw)
         return raw, parse_json(raw)
 
     # -- plain routes -----------------------------------------------------------------------
@@ -91,7 +104,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mtplx"}]}
+        window = window_of(engine)  # context_window (+ max_model_len, as vLLM names it) is what a request may use
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mtplx",
+                                            **window.describe(), "max_model_len": window.tokens}]}
 
     @app.get("/metrics")
     async def prometheus():
@@ -124,10 +139,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         raw, body = await body_of(request)
         call = parse_chat(body, defaults, limit())
         prompt = encode(engine, cache, call, "chat", raw)
-        sub = submit(engine, call, prompt, "api", session_from(request.headers), raw)
+        sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
-            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, reasoning), request)
+            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, reasoning), request,
+                                budget_headers(call, sub))
         chunks = openai_response.ChatStream(model_name, reasoning)
 
         async def stream():
@@ -143,7 +159,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     yield _sse(_failure(event).body())
             yield _sse("[DONE]")
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -160,7 +176,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = ChatCall([], None, sampling_from(body, defaults, limit()), stream, include_usage)
         sub = submit(engine, call, tokenizer.encode(prompt_text), "api", session_from(request.headers))
         if not stream:
-            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request)
+            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request,
+                                budget_headers(call, sub))
         chunks = openai_response.TextCompletionStream(model_name)
 
         async def text_stream():
@@ -174,39 +191,42 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     yield _sse(_failure(event).body())
             yield _sse("[DONE]")
 
-        return StreamingResponse(text_stream(), media_type="text/event-stream")
+        return StreamingResponse(text_stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
 
     # -- Anthropic --------------------------------------------------------------------------
     @app.post("/v1/messages")
     async def messages(request: Request):
         raw, body = await body_of(request)
-        call = anthropic_map.parse_messages_call(body, defaults, limit())
+        call = anthropic_map.parse_messages_call(body, defaults, limit(), signer=signer)
         prompt = encode(engine, cache, call, "messages", raw)
-        sub = submit(engine, call, prompt, "api", session_from(request.headers), raw)
+        sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
-            return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, reasoning), request)
-        frames = anthropic_map.MessageStream(model_name, reasoning, len(prompt))
+            return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, reasoning, signer), request,
+                                budget_headers(call, sub))
+        frames = anthropic_map.MessageStream(model_name, reasoning, signer)
 
         async def stream():
-            for name, data in frames.start():
-                yield _event_sse(name, data)
             async for event in events(sub):
-                if isinstance(event, Tokens):
+                if isinstance(event, Restored):  # message_start reports the cache split, known now
+                    for name, data in frames.start(event.prompt_tokens, event.cached_tokens):
+                        yield _event_sse(name, data)
+                elif isinstance(event, Tokens):
                     for name, data in frames.text(event.text):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
                     for name, data in frames.finish(event):
                         yield _event_sse(name, data)
                 elif isinstance(event, Failed):
-                    yield _event_sse("error", {"type": "error", "error": {"type": "api_error", "message": _failure(event).message}})
+                    failure = _failure(event)
+                    yield _event_sse("error", anthropic_map.error_body(failure.status, failure.message))
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
         raw, body = await body_of(request)
-        call = anthropic_map.parse_messages_call(body, defaults, limit(), require_max_tokens=False)
+        call = anthropic_map.parse_messages_call(body, defaults, limit(), require_max_tokens=False, signer=signer)
         return {"input_tokens": len(encode(engine, cache, call, "count_tokens", raw))}
 
     return app
@@ -255,7 +275,7 @@ class Guard:
             self.metrics.request(path, status)
 
 
-async def _whole(sub, build, request: Request):
+async def _whole(sub, build, request: Request, headers: dict | None = None):
     """Run a non-streamed turn to the end; a client that goes away cancels it."""
 
     async def watch():
@@ -273,7 +293,7 @@ async def _whole(sub, build, request: Request):
                 raise _failure(event)
     finally:
         watcher.cancel()
-    return JSONResponse(build(fin))
+    return JSONResponse(build(fin), headers=headers)
 
 
 def serve_forever(app: FastAPI, sock, on_signal=lambda: None) -> list[int]:

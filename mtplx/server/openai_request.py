@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from mtplx.engine.sampling import SamplingParams
 from mtplx.errors import RequestError
 from mtplx.server.api_error import ApiError, bad_request
+from mtplx.server.context import check_max_tokens
+from mtplx.server.media import OPENAI_MEDIA, placeholder
+from mtplx.server.tool_args import canonical
+from mtplx.server.tool_choice import ToolChoice, from_openai
 
 MAX_BODY = 16 << 20
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -27,6 +31,7 @@ class ChatCall:
     include_usage: bool = False
     enable_thinking: bool | None = None
     session: str | None = None
+    tool_choice: ToolChoice = ToolChoice()
 
 
 def _reject_constant(name: str):
@@ -64,6 +69,9 @@ def message_text(content, param: str) -> str:
     if isinstance(content, list):
         parts = []
         for i, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") in OPENAI_MEDIA:
+                parts.append(placeholder(part))
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise bad_request(f"{param}[{i}] must be a text part ({{'type': 'text', 'text': ...}})", f"{param}[{i}]")
             parts.append(_check_text(part["text"], f"{param}[{i}].text"))
@@ -108,7 +116,7 @@ def _tool_calls(raw, p: str) -> list[dict]:
         if not isinstance(args, (str, dict)):
             raise bad_request(f"{p}[{j}].function.arguments must be a JSON string", f"{p}[{j}].function.arguments")
         calls.append({"id": call.get("id") or f"call_{j}", "type": "function",
-                      "function": {"name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+                      "function": {"name": fn["name"], "arguments": canonical(args)}})
     return calls
 
 
@@ -121,11 +129,9 @@ def parse_tools(raw, tool_choice) -> list[dict] | None:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
-    if tool_choice in (None, "auto"):
-        return raw or None
-    if tool_choice == "none":
-        return None
-    raise bad_request(f"tool_choice {tool_choice!r} is not supported (use 'auto' or 'none')", "tool_choice")
+    # Described in the prompt whatever tool_choice says: the choice is enforced on the logits
+    # (server/tool_choice.py), so the prompt and its cache stay the same across choices.
+    return raw or None
 
 
 def _number(body: dict, name: str, kind=float, default=None):
@@ -148,9 +154,12 @@ def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -
             raise bad_request(f"{key} is not supported (use repetition_penalty)", key)
     if _number(body, "n", int, 1) != 1:
         raise bad_request("n must be 1", "n")
-    max_tokens = _number(body, "max_completion_tokens", int) or _number(body, "max_tokens", int) or defaults.max_tokens
-    if max_tokens < 1 or max_tokens > max_tokens_limit:
-        raise bad_request(f"max_tokens must be between 1 and {max_tokens_limit}, got {max_tokens}", "max_tokens")
+    # A large max_tokens is a client default, capped to the window once the prompt is known
+    # (server/context.py); only a non-positive or absurd value is refused here.
+    max_tokens = check_max_tokens(body.get("max_completion_tokens"), "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = check_max_tokens(body.get("max_tokens"))
+    max_tokens = max_tokens or defaults.max_tokens
     stop = body.get("stop")
     stop = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else () if stop is None else None
     if stop is None or not all(isinstance(s, str) for s in stop):
@@ -187,4 +196,4 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be a boolean", "enable_thinking")
     return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
-                    bool(options.get("include_usage")), thinking, None)
+                    bool(options.get("include_usage")), thinking, None, from_openai(body.get("tool_choice"), tools))

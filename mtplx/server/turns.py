@@ -8,6 +8,8 @@ engine's queue off the event loop, and leaving early (a dropped client) cancels 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from typing import AsyncIterator
 
 from mtplx.chat import render
@@ -15,16 +17,51 @@ from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
 from mtplx.events import TERMINAL, EngineEvent
 from mtplx.server.api_error import ApiError, bad_request
+from mtplx.server.context import fit
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.openai_request import ChatCall
+from mtplx.server.tool_choice import ToolRules
 
-SESSION_HEADERS = ("x-session-id", "x-mtplx-session", "session-id", "x-conversation-id", "x-client-session")
+# Headers naming an agent session: ours and generic ones, then what real clients send
+# (recorded in tests/fixtures/clients/): Claude Code, Codex, Qwen Code / OpenCode.
+SESSION_HEADERS = ("x-session-id", "x-mtplx-session", "session-id", "x-conversation-id", "x-client-session",
+                   "x-claude-code-session-id", "session_id", "conversation_id", "x-opencode-session")
 
 
-def session_from(headers) -> str | None:
-    for name in SESSION_HEADERS:
-        if headers.get(name):
-            return headers[name][:200]
+def session_from(headers, body: dict | None = None, call: ChatCall | None = None) -> str | None:
+    """The client's session id (headers, then body fields), scoped by the conversation's head
+    (system prompt + tools): one client session id sent with two different system prompts (an
+    agent's main loop and its title or sub-agent requests) names two conversations, and each
+    gets its own bank session and reuse ceiling."""
+    sid = next((headers[name] for name in SESSION_HEADERS if headers.get(name)), None)
+    if sid is None and body is not None:
+        sid = _body_session(body)
+    if sid is None:
+        return None
+    sid = str(sid)[:200]
+    if call is None or not call.messages:
+        return sid
+    head = [m for m in call.messages[:1] if m.get("role") == "system"]
+    digest = hashlib.sha256(json.dumps([head, call.tools], sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:8]
+    return f"{sid}/{digest}"
+
+
+def _body_session(body: dict) -> str | None:
+    """Body fields: OpenAI `prompt_cache_key` (Codex, ...), Anthropic `metadata.user_id` (Claude
+    Code puts a JSON object with `session_id` there; older versions `user_..._session_<id>`)."""
+    key = body.get("prompt_cache_key")
+    if isinstance(key, str) and key:
+        return key
+    user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
+    if isinstance(user, str) and user:
+        try:
+            parsed = json.loads(user)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("session_id"), str) and parsed["session_id"]:
+            return parsed["session_id"]
+        if "_session_" in user:
+            return user.rsplit("_session_", 1)[1] or None
     return None
 
 
@@ -34,7 +71,15 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
     if hit is not None:
         return hit[0]
     try:
-        tokens = render(engine.checkpoint.tokenizer, call.messages, call.tools, enable_thinking=call.enable_thinking)
+        try:
+            tokens = render(engine.checkpoint.tokenizer, call.messages, call.tools, enable_thinking=call.enable_thinking)
+        except Exception:
+            folded = fold_system(call.messages)
+            if folded == call.messages:
+                raise
+            # Templates that allow a system turn only first (Qwen3's): a later one becomes a user turn.
+            call.messages[:] = folded
+            tokens = render(engine.checkpoint.tokenizer, call.messages, call.tools, enable_thinking=call.enable_thinking)
     except Exception as exc:  # a template error is the request's fault (e.g. roles out of order)
         raise bad_request(f"messages could not be rendered with the chat template: {type(exc).__name__}: {exc}",
                           "messages") from None
@@ -42,9 +87,20 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
     return tokens
 
 
-def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str | None, raw: bytes | None = None):
+def fold_system(messages: list[dict]) -> list[dict]:
+    """System messages after the first message as user turns that say what they are."""
+    return [m if m.get("role") != "system" or i == 0 else {"role": "user", "content": f"<system>\n{m['content']}\n</system>"}
+            for i, m in enumerate(messages)]
+
+
+def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str | None, raw: bytes | None = None,
+           rules: ToolRules | None = None):
+    """Queue the turn with max_tokens capped to what the window leaves (sub.request holds the cap)
+    and the tool choice as a rule on the logits (`rules`: the tokenizer's, when it can steer)."""
+    budget = fit(call.sampling, len(prompt), engine.context_window)
+    rule = rules.rule(call.tool_choice, starts_in_reasoning(engine.checkpoint.tokenizer, prompt)) if rules and call.messages else None
     try:
-        request = GenerationRequest(tuple(prompt), call.sampling, session=session, source=source,
+        request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, tool_rule=rule,
                                     chat={"messages": call.messages, "tools": call.tools,
                                           "enable_thinking": call.enable_thinking} if call.messages else None,
                                     raw=raw.decode("utf-8", "replace") if raw else None)
@@ -69,3 +125,9 @@ async def events(submission) -> AsyncIterator[EngineEvent]:
 
 def starts_in_reasoning(tokenizer, prompt: list[int]) -> bool:
     return tokenizer.decode(prompt[-4:]).rstrip().endswith("<think>")
+
+
+def budget_headers(call: ChatCall, submission) -> dict:
+    """Tells the client what max_tokens the turn runs under when it was capped to the window."""
+    given, used = call.sampling.max_tokens, submission.request.sampling.max_tokens
+    return {"x-mtplx-max-tokens": str(used)} | ({"x-mtplx-max-tokens-capped-from": str(given)} if used < given else {})

@@ -1,0 +1,37 @@
+"""Signatures for the thinking blocks mtplx returns: an HMAC over the thinking text with a key
+kept under MTPLX_HOME, so a block a client sends back is recognised as this install's own
+reasoning (and rendered as reasoning again) rather than taken on trust. Opaque to clients."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+from pathlib import Path
+
+PREFIX = "mtplx1."
+
+
+class Signer:
+    def __init__(self, key: bytes):
+        self.key = key
+
+    @classmethod
+    def at(cls, path: Path) -> "Signer":
+        """The install's key at `path`, created (0600) on first use."""
+        try:
+            return cls(path.read_bytes())
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(32))
+            return cls(path.read_bytes())
+
+    def sign(self, thinking: str) -> str:
+        mac = hmac.new(self.key, thinking.encode("utf-8"), hashlib.sha256).digest()
+        return PREFIX + base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+    def verify(self, thinking: str, signature) -> bool:
+        return isinstance(signature, str) and hmac.compare_digest(self.sign(thinking), signature)

@@ -1,0 +1,93 @@
+"""tool_choice on both routes, as one decision: may the reply call a tool, and must it.
+
+OpenAI: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}; Anthropic:
+{"type": "auto" | "any" | "tool" (with "name") | "none"}. No tools at all means "none". The
+decision becomes an engine ToolRule over token ids (the tool-call opening token masked, or a call
+forced); tools stay described in the prompt under "none" so the prompt, and its cache, do not
+change with the choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mtplx.engine.tool_rule import ToolRule
+from mtplx.server.api_error import bad_request
+
+OPEN_TAG = "<tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str = "auto"  # "auto", "none", "required"
+    name: str | None = None  # a specific tool ("required" only)
+
+
+def _named(name, tools: list[dict] | None, param: str) -> ToolChoice:
+    names = {t["function"]["name"] for t in tools or []}
+    if not isinstance(name, str) or name not in names:
+        raise bad_request(f"{param} names no tool of this request: {name!r}", param)
+    return ToolChoice("required", name)
+
+
+def from_openai(raw, tools: list[dict] | None) -> ToolChoice:
+    if raw in (None, "auto"):
+        return ToolChoice("auto" if tools else "none")
+    if raw == "none":
+        return ToolChoice("none")
+    if raw == "required":
+        choice = ToolChoice("required")
+    elif isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("function"), dict):
+        choice = _named(raw["function"].get("name"), tools, "tool_choice.function.name")
+    else:
+        raise bad_request(f"tool_choice {raw!r} is not one of auto, none, required or a function", "tool_choice")
+    if not tools:
+        raise bad_request("tool_choice asks for a tool call but the request has no tools", "tool_choice")
+    return choice
+
+
+def from_anthropic(raw, tools: list[dict] | None) -> ToolChoice:
+    if raw is None:
+        return ToolChoice("auto" if tools else "none")
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        raise bad_request("tool_choice.type must be auto, any, tool or none", "tool_choice")
+    if kind == "none" or (kind == "auto" and not tools):
+        return ToolChoice("none")
+    if not tools:
+        raise bad_request("tool_choice asks for a tool call but the request has no tools", "tool_choice")
+    if kind == "any":
+        return ToolChoice("required")
+    if kind == "tool":
+        return _named(raw.get("name"), tools, "tool_choice.name")
+    return ToolChoice("auto")
+
+
+class ToolRules:
+    """Builds engine rules for one tokenizer (its tool-call token, blank tokens, reasoning tags)."""
+
+    def __init__(self, tokenizer, eos_ids):
+        self.tokenizer, self.eos_ids = tokenizer, tuple(sorted(eos_ids))
+        vocab = tokenizer.get_vocab()
+        self.open = vocab.get(OPEN_TAG)
+        think = (vocab.get("<think>"), vocab.get("</think>"))
+        self.think = think if None not in think else None
+        self._blank = None
+
+    @property
+    def blank(self) -> tuple[int, ...]:
+        if self._blank is None:  # once per tokenizer: tokens that decode to whitespace only
+            self._blank = tuple(i for i in range(len(self.tokenizer))
+                                if (t := self.tokenizer.decode([i])) and not t.strip() and i not in self.eos_ids)
+        return self._blank
+
+    def rule(self, choice: ToolChoice, starts_in_reasoning: bool) -> ToolRule | None:
+        """None when the model is free (auto), or has no single tool-call token to steer."""
+        if self.open is None or choice.mode == "auto":
+            return None
+        if choice.mode == "none":
+            return ToolRule("never", self.open)
+        head = ()
+        if choice.name:
+            head = tuple(self.tokenizer.encode(f'\n{{"name": "{choice.name}", "arguments": ', add_special_tokens=False))
+        return ToolRule("required", self.open, self.eos_ids, head, self.think, starts_in_reasoning, self.blank)

@@ -1,0 +1,62 @@
+"""Tool rules on the logits: what they allow, and that MTP under a rule stays AR under it."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from mtplx.chat import render
+from mtplx.engine.request import GenerationRequest
+from mtplx.engine.sampling import SamplingParams
+from mtplx.engine.tool_rule import ToolRule
+
+OPEN, END = 5, 2
+
+
+def test_never_masks_the_opening_token():
+    logits = mx.zeros((16,))
+    out = ToolRule("never", OPEN).apply(logits, [])
+    assert out[OPEN].item() == float("-inf") and out[0].item() == 0.0
+
+
+def test_required_moves_the_end_mass_onto_the_opening_token_while_reasoning():
+    logits = mx.log(mx.array([0.1, 0.1, 0.5, 0.1, 0.1, 0.1]))
+    rule = ToolRule("required", OPEN, (END,), head=(3, 1), think=(3, 4))
+    probs = mx.softmax(rule.apply(logits, [3, 1]), axis=-1)  # inside <think>: free but for ending
+    assert probs[END].item() == 0.0 and abs(probs[OPEN].item() - 0.6) < 1e-5 and abs(probs[0].item() - 0.1) < 1e-5
+    # once opened, the named tool's head is forced token by token, then the model is free again
+    assert mx.argmax(rule.apply(logits, [0, OPEN])).item() == 3
+    assert mx.argmax(rule.apply(logits, [0, OPEN, 3])).item() == 1
+    assert mx.argmax(rule.apply(logits, [0, OPEN, 3, 1])).item() == END
+
+
+def test_required_lets_only_blanks_before_the_call_once_the_reply_starts():
+    logits = mx.log(mx.array([0.4, 0.1, 0.2, 0.1, 0.1, 0.1]))
+    rule = ToolRule("required", OPEN, (END,), think=(3, 4), blank=(1,))
+    first = mx.softmax(rule.apply(logits, []), axis=-1)  # may open reasoning, a blank or the call
+    assert {i for i in range(6) if first[i].item() > 0} == {1, 3, OPEN}
+    after_think = mx.softmax(rule.apply(logits, [3, 0, 4]), axis=-1)
+    assert {i for i in range(6) if after_think[i].item() > 0} == {1, OPEN}
+    assert mx.argmax(rule.apply(logits, [3, 0, 4, 1, 1])).item() == OPEN  # two blanks, then forced
+
+
+def test_rule_modes_are_checked():
+    with pytest.raises(ValueError):
+        ToolRule("sometimes", OPEN)
+
+
+def _tool_prompt(tokenizer):
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    return tuple(render(tokenizer, [{"role": "user", "content": "Read src/app.py and tell me what it does."}], tools))
+
+
+@pytest.mark.parametrize("mode", ["never", "required"])
+def test_mtp_greedy_equals_ar_greedy_under_a_rule(engine, tokenizer, mode):
+    prompt = _tool_prompt(tokenizer)
+    rule = ToolRule(mode, tokenizer.convert_tokens_to_ids("<tool_call>"), tuple(engine.eos_ids))
+    runs = [engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40), use_mtp=mtp, depth=3,
+                                            tool_rule=rule)).result() for mtp in (False, True)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[1].stats["verify_calls"] > 0
+    opened = rule.call_open in runs[0].token_ids
+    assert opened if mode == "required" else not opened
