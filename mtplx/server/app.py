@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, Restored, Tokens, event_dict
-from mtplx.server import anthropic_map, openai_response
+from mtplx.server import anthropic_map, openai_response, responses
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
@@ -55,6 +55,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     recorder = Recorder.from_env()
     rules = ToolRules(tokenizer, engine.eos_ids)
     signer = Signer.at(home_path("signing.key"))
+    response_store = responses.ResponseStore()
 
     def limit() -> int:
         return engine.context_window
@@ -192,6 +193,39 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             yield _sse("[DONE]")
 
         return StreamingResponse(text_stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
+
+    # -- OpenAI Responses (Codex) -----------------------------------------------------------
+    @app.post("/v1/responses")
+    async def responses_route(request: Request):
+        raw, body = await body_of(request)
+        call = responses.parse_response_call(body, defaults, limit(), response_store)
+        prompt = encode(engine, cache, call, "responses", raw)
+        sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
+        built = responses.ResponseStream(model_name, starts_in_reasoning(tokenizer, prompt), body)
+
+        def keep(fin):  # what a follow-up naming this response renders as its history
+            response_store.put(built.id, call.messages + responses.output_messages(built.output))
+
+        if not call.stream:
+            return await _whole(sub, lambda fin: (built.whole(fin), keep(fin))[0], request, budget_headers(call, sub))
+
+        async def stream():
+            for name, data in built.start():
+                yield _event_sse(name, data)
+            async for event in events(sub):
+                if isinstance(event, Tokens):
+                    for name, data in built.text(event.text):
+                        yield _event_sse(name, data)
+                elif isinstance(event, Finished):
+                    for name, data in built.finish(event):
+                        yield _event_sse(name, data)
+                    keep(event)
+                elif isinstance(event, Failed):
+                    failure = _failure(event)
+                    yield _event_sse("response.failed", {"type": "response.failed", "response": {
+                        **built.response("failed"), "error": {"code": failure.type, "message": failure.message}}})
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
 
     # -- Anthropic --------------------------------------------------------------------------
     @app.post("/v1/messages")

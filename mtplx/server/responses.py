@@ -1,0 +1,271 @@
+"""The OpenAI Responses API (what Codex speaks) <-> the chat form the engine renders. Pure
+mapping, plus the small store that serves `previous_response_id`.
+
+Input items become chat messages: `instructions` and developer/system messages are system
+turns, reasoning + assistant text + function calls in a row are one assistant turn,
+`function_call_output` a tool turn. Only function tools are described to the model (Codex's
+other kinds, e.g. a freeform `custom` tool, have no JSON-call form here). A follow-up naming
+`previous_response_id` is rendered as the stored conversation (its input and output) plus its
+own input, so it renders to the same tokens as a client resending the whole history and the
+session bank restores it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+
+from mtplx.engine.sampling import SamplingParams
+from mtplx.events import Finished
+from mtplx.reply_stream import Piece, ReplyStream
+from mtplx.server.api_error import bad_request
+from mtplx.server.media import OPENAI_MEDIA, placeholder
+from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
+from mtplx.server.tool_args import canonical
+from mtplx.server.tool_choice import from_openai
+
+TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
+
+
+class ResponseStore:
+    """Conversations of recent responses (messages + tools), by response id; bounded LRU."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity, self.entries = capacity, OrderedDict()
+
+    def get(self, response_id: str) -> list[dict]:
+        if response_id not in self.entries:
+            raise bad_request(f"previous_response_id {response_id!r} is unknown to this server (it keeps the "
+                              f"last {self.capacity} responses since it started)", "previous_response_id", "previous_response_not_found")
+        self.entries.move_to_end(response_id)
+        return list(self.entries[response_id])
+
+    def put(self, response_id: str, messages: list[dict]) -> None:
+        self.entries[response_id] = list(messages)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+
+
+def _text(content, p: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return _check_text(content, p)
+    if not isinstance(content, list):
+        raise bad_request(f"{p} must be a string or a list of content parts", p)
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.append(_check_text(part["text"], f"{p}[{i}].text"))
+        elif kind in OPENAI_MEDIA:
+            parts.append(placeholder(part))
+        else:
+            raise bad_request(f"{p}[{i}] must be a text, image or file part", f"{p}[{i}]")
+    return "".join(parts)
+
+
+def to_messages(body: dict, previous: list[dict]) -> list[dict]:
+    out = list(previous)
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions and not previous:
+        out.append({"role": "system", "content": _check_text(instructions, "instructions")})
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    if not isinstance(items, list) or not (items or previous):
+        raise bad_request("input must be a string or a non-empty list of items", "input")
+    turn = None  # the assistant turn being assembled
+    for i, item in enumerate(items):
+        p = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"{p} must be an object", p)
+        kind = item.get("type", "message")
+        role = item.get("role")
+        if kind in ("reasoning", "function_call") or (kind == "message" and role == "assistant"):
+            if turn is None:
+                turn = {"role": "assistant", "content": ""}
+                out.append(turn)
+            if kind == "reasoning":
+                parts = item.get("content") or item.get("summary") or []
+                text = _text(parts, f"{p}.content")
+                turn["reasoning_content"] = (turn.get("reasoning_content", "") + "\n\n" + text).strip("\n") if text else turn.get("reasoning_content", "")
+            elif kind == "function_call":
+                if not isinstance(item.get("name"), str):
+                    raise bad_request(f"{p}.name must be a string", f"{p}.name")
+                turn.setdefault("tool_calls", []).append({"id": item.get("call_id") or item.get("id") or f"call_{i}", "type": "function",
+                                                          "function": {"name": item["name"], "arguments": canonical(item.get("arguments", "{}"))}})
+            else:
+                turn["content"] += _text(item.get("content"), f"{p}.content")
+            continue
+        turn = None
+        if kind == "message":
+            if role not in ("user", "system", "developer"):
+                raise bad_request(f"{p}.role must be user, assistant, system or developer", f"{p}.role")
+            out.append({"role": "user" if role == "user" else "system", "content": _text(item.get("content"), f"{p}.content")})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                        "content": output if isinstance(output, str) else _text(output, f"{p}.output")})
+        else:
+            raise bad_request(f"{p}.type {kind!r} is not supported", f"{p}.type")
+    # One leading system turn: consecutive system messages at the start are joined.
+    lead = 0
+    while lead < len(out) and out[lead]["role"] == "system":
+        lead += 1
+    if lead > 1:
+        out = [{"role": "system", "content": "\n\n".join(m["content"] for m in out[:lead])}] + out[lead:]
+    return out
+
+
+def to_tools(raw) -> list[dict] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise bad_request("tools must be a list", "tools")
+    tools = []
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict):
+            raise bad_request(f"tools[{i}] must be an object", f"tools[{i}]")
+        if t.get("type") == "function":
+            if not isinstance(t.get("name"), str):
+                raise bad_request(f"tools[{i}].name must be a string", f"tools[{i}].name")
+            tools.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
+                                                           "parameters": t.get("parameters") or {"type": "object"}}})
+    return tools or None
+
+
+def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store: ResponseStore) -> ChatCall:
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise bad_request("previous_response_id must be a string", "previous_response_id")
+    messages = to_messages(body, store.get(previous) if previous else [])
+    tools = to_tools(body.get("tools"))
+    mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
+    if body.get("max_output_tokens") is not None:
+        mapped["max_tokens"] = body["max_output_tokens"]
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("stream must be a boolean", "stream")
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    thinking = False if effort in ("none", "minimal") else None
+    return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking, None,
+                    from_openai(body.get("tool_choice"), tools))
+
+
+def usage(fin: Finished) -> dict:
+    reasoning = fin.stats.get("tokens_by_segment", {}).get("reasoning", 0)
+    return {"input_tokens": fin.prompt_tokens, "input_tokens_details": {"cached_tokens": fin.cached_tokens},
+            "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": fin.prompt_tokens + fin.completion_tokens}
+
+
+def _item(piece_kind: str, text: str = "", name: str | None = None, arguments: str = "") -> dict:
+    if piece_kind == "reasoning":
+        return {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex[:24], "summary": [],
+                "content": [{"type": "reasoning_text", "text": text}]}
+    if piece_kind == "tool_call":
+        return {"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": "call_" + uuid.uuid4().hex[:24],
+                "name": name, "arguments": arguments, "status": "completed"}
+    return {"type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def output_messages(output: list[dict]) -> list[dict]:
+    """A response's output items as the chat messages a follow-up renders."""
+    return to_messages({"input": output}, []) if output else []
+
+
+class ResponseStream:
+    """Builds the Responses API objects and stream events of one response."""
+
+    def __init__(self, model: str, in_reasoning: bool, body: dict):
+        self.id = "resp_" + uuid.uuid4().hex[:24]
+        self.model, self.created, self.body = model, int(time.time()), body
+        self.reply = ReplyStream(in_reasoning)
+        self.output: list[dict] = []
+        self.open: dict | None = None
+        self.seq = 0
+
+    def response(self, status: str, fin: Finished | None = None) -> dict:
+        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
+               "output": self.output if status != "in_progress" else [], "error": None, "incomplete_details": None,
+               "previous_response_id": self.body.get("previous_response_id"), "parallel_tool_calls": False,
+               "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
+               "usage": usage(fin) if fin else None}
+        if fin is not None and fin.finish_reason == "length":
+            out["status"], out["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+        return out
+
+    def _event(self, kind: str, **data) -> tuple[str, dict]:
+        self.seq += 1
+        return kind, {"type": kind, "sequence_number": self.seq, **data}
+
+    def start(self) -> list[tuple[str, dict]]:
+        return [self._event("response.created", response=self.response("in_progress")),
+                self._event("response.in_progress", response=self.response("in_progress"))]
+
+    def _close(self) -> list[tuple[str, dict]]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index = len(self.output) - 1
+        out = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            out += [self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=part["text"]),
+                    self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)]
+        elif item["type"] == "reasoning":
+            out.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                                   text=item["content"][0]["text"]))
+        return out + [self._event("response.output_item.done", output_index=index, item=item)]
+
+    def text(self, text: str, final: bool = False) -> list[tuple[str, dict]]:
+        return [e for p in self.reply.feed(text, final) for e in self._piece(p)]
+
+    def _piece(self, p: Piece) -> list[tuple[str, dict]]:
+        out = []
+        kind = "message" if p.kind == "content" else p.kind
+        if p.kind == "tool_call":
+            out += self._close()
+            item = _item("tool_call", name=p.name, arguments=p.arguments)
+            self.output.append(item)
+            index = len(self.output) - 1
+            out += [self._event("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}),
+                    self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=p.arguments),
+                    self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=p.arguments),
+                    self._event("response.output_item.done", output_index=index, item=item)]
+            return out
+        if self.open is None or self.open["type"] != kind:
+            out += self._close()
+            self.open = _item(p.kind)
+            self.output.append(self.open)
+            index = len(self.output) - 1
+            out.append(self._event("response.output_item.added", output_index=index, item=_empty(self.open)))
+            if kind == "message":
+                out.append(self._event("response.content_part.added", item_id=self.open["id"], output_index=index, content_index=0,
+                                       part={"type": "output_text", "text": "", "annotations": []}))
+        index = len(self.output) - 1
+        part = self.open["content"][0]
+        part["text"] += p.text
+        delta = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+        return out + [self._event(delta, item_id=self.open["id"], output_index=index, content_index=0, delta=p.text)]
+
+    def finish(self, fin: Finished) -> list[tuple[str, dict]]:
+        out = self.text("", final=True) + self._close()
+        # response.completed even when max_output_tokens cut it (status "incomplete" inside): the
+        # event clients wait for to close a turn.
+        return out + [self._event("response.completed", response=self.response("completed", fin))]
+
+    def whole(self, fin: Finished) -> dict:
+        self.text(fin.text, final=True)
+        self._close()
+        return self.response("completed", fin)
+
+
+def _empty(item: dict) -> dict:
+    if item["type"] == "message":
+        return {**item, "status": "in_progress", "content": []}
+    return {**item, "content": [{"type": "reasoning_text", "text": ""}]} if item["type"] == "reasoning" else item
