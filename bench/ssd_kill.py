@@ -60,8 +60,6 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     from mtplx.bank.ssd import CorruptEntry, SsdConfig, SsdTier
-    from mtplx.catalog import resolve
-    from mtplx.engine.checkpoint import model_identity
 
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="mtplx-kill-"))
@@ -71,7 +69,6 @@ def main() -> None:
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), args.model, str(budget)],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         child.stdout.readline()  # "ready": the model is loaded, writes are about to start
-        identity = model_identity(resolve(args.model)) + ":mtp"
         time.sleep(rng.uniform(0.2, 1.5))
         temps_before = len(list(root.glob(".tmp-*")))
         os.kill(child.pid, signal.SIGKILL)
@@ -79,9 +76,9 @@ def main() -> None:
         tier = SsdTier(SsdConfig(root, budget_bytes=budget, free_floor_bytes=0))  # what a restart does
         temps_after = len(list(root.glob(".tmp-*")))
         bad = 0
-        for view in tier.views():
+        for view in tier.views():  # each entry as the engine would ask for it (its identity carries the compute path)
             try:
-                tier.load(view.entry_id, identity)
+                tier.load(view.entry_id, view.identity)
             except CorruptEntry:
                 bad += 1
         used = tier.stats()["bytes"]

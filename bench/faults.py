@@ -1,0 +1,257 @@
+"""Faults, then a normal request: does the server recover, and does the bank still restore?
+
+    python bench/faults.py [--kills 5]
+
+Each row injects one fault into a fresh `mtplx` server on the embedded tiny-hybrid model (the same
+helpers tests/test_faults.py uses), sends the requests an agent would (no session header), and
+reports: requests sent, failures (a 5xx where a turn should have been served, a hang, or a reply
+that differs from a bankless engine's), whether the next request behaved normally, and the cached
+tokens of the first request after recovery. The client-abort rows also give the follow-up
+request's TTFT next to the abandoned request's full length, which shows the engine was freed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from tests.test_faults import (FIRST, LONG, MODEL, Served, _damage, _fail_writes, _serve_process,  # noqa: E402
+                               second_turn)
+
+ROWS: list[tuple] = []
+
+
+def row(fault: str, sent: int, failures: int, recovered: bool, cached, note: str = "") -> None:
+    ROWS.append((fault, sent, failures, "yes" if recovered else "NO", cached, note))
+    print(f"  {fault}: sent {sent}, failures {failures}, recovered {recovered}, cached {cached} {note}", flush=True)
+
+
+def cached_of(response: httpx.Response) -> int | None:
+    return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] if response.status_code == 200 else None
+
+
+def message(response: httpx.Response):
+    return response.json()["choices"][0]["message"] if response.status_code == 200 else None
+
+
+class Patch:
+    """monkeypatch's setattr/undo without pytest."""
+
+    def __init__(self):
+        self.undo: list = []
+
+    def setattr(self, target, name, value):
+        self.undo.append((target, name, getattr(target, name)))
+        setattr(target, name, value)
+
+    def restore(self):
+        for target, name, value in reversed(self.undo):
+            setattr(target, name, value)
+
+
+def reference() -> tuple[dict, dict]:
+    served = Served(None, bank=False)
+    try:
+        first = served.chat(FIRST).json()
+        return first, served.chat(second_turn(first)).json()
+    finally:
+        served.close()
+
+
+def restart_rows(cold) -> None:
+    for how in ("none", "truncated", "flipped", "empty", "header_garbage", "missing", "manifest_garbage"):
+        root = Path(tempfile.mkdtemp(prefix="mtplx-faults-"))
+        served = Served(root)
+        first = served.chat(FIRST)
+        served.close()
+        if how != "none":
+            _damage(root, how)
+        served = Served(root)
+        try:
+            second = served.chat(second_turn(cold[0]))
+            served.engine.settle()
+            third = served.chat(second_turn(cold[0]) + [{"role": "user", "content": "thanks"}])
+            responses = (first, second, third)
+            failures = sum(r.status_code != 200 for r in responses) + (message(second) != cold[1]["choices"][0]["message"])
+            label = "restart, no session header" if how == "none" else f"restart + SSD damage: {how}"
+            row(label, 3, failures, third.status_code == 200, cached_of(second),
+                f"(next turn cached {cached_of(third)})")
+        finally:
+            served.close()
+
+
+def disk_rows(cold) -> None:
+    for how in ("writer_error", "read_only", "disk_full"):
+        root = Path(tempfile.mkdtemp(prefix="mtplx-faults-"))
+        served = Served(root)
+        patch = Patch()
+        try:
+            _fail_writes(patch, how)
+            first = served.chat(FIRST)
+            served.engine.settle()
+            degraded = httpx.get(served.url + "/health").json()["bank"]["ssd"]
+            second = served.chat(second_turn(cold[0]))
+            patch.restore()
+            served.engine.call(lambda: setattr(served.engine.bank.ssd_health, "retry_at", 0.0))
+            served.engine.settle()
+            healthy = httpx.get(served.url + "/health").json()["bank"]["ssd"]
+            failures = sum(r.status_code != 200 for r in (first, second))
+            row(f"SSD write fails: {how}", 2, failures, healthy == "ok" and bool(list(root.glob("*.safetensors"))),
+                cached_of(second), f"(health during: {degraded}, after retry: {healthy})")
+        finally:
+            patch.restore()
+            served.close()
+
+
+def abort_rows(cold) -> None:
+    served = Served(None, bank=False, chunk_size=64)
+    try:
+        t = time.perf_counter()
+        served.chat(LONG, max_tokens=1)
+        full_prefill = time.perf_counter() - t
+        for phase in ("prefill (stream)", "decode (non-stream)", "decode (stream)"):
+            body = {"model": MODEL, "messages": LONG if phase.startswith("prefill") else FIRST, "temperature": 0,
+                    "max_tokens": 8 if phase.startswith("prefill") else 2000, "ignore_eos": True}
+            stream = "stream" in phase and "non" not in phase
+            body["stream"] = stream
+            mark = len(served.events)
+            client = httpx.Client(timeout=httpx.Timeout(120, read=0.6))
+            try:
+                if stream:
+                    with client.stream("POST", served.url + "/v1/chat/completions", json=body) as response:
+                        for _ in response.iter_lines():
+                            if phase.startswith("decode"):
+                                break  # leave after the first chunk
+                        time.sleep(0.3) if phase.startswith("decode") else None
+                else:
+                    client.post(served.url + "/v1/chat/completions", json=body)
+            except httpx.ReadTimeout:
+                pass
+            finally:
+                client.close()
+            t = time.perf_counter()
+            follow = served.chat(FIRST, max_tokens=1)
+            ttft = time.perf_counter() - t
+            fins = [e for e in served.events[mark:] if type(e).__name__ == "Finished"]
+            abandoned = fins[0] if fins else None
+            ok = follow.status_code == 200 and abandoned is not None and abandoned.finish_reason == "cancelled"
+            length = f"full prefill {full_prefill:.2f}s" if phase.startswith("prefill") else "2000 tokens"
+            row(f"client abandons in {phase}", 2, int(follow.status_code != 200), ok, cached_of(follow),
+                f"(abandoned: {abandoned.finish_reason if abandoned else '?'} after "
+                f"{abandoned.completion_tokens if abandoned else '?'} tokens; follow-up TTFT {ttft:.2f}s vs {length})")
+        # queued: a long request runs, a second waits and its client leaves
+        long_body = {"model": MODEL, "messages": FIRST, "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+        mark = len(served.events)
+        runner = threading.Thread(target=lambda: httpx.post(served.url + "/v1/chat/completions", json=long_body,
+                                                            timeout=120))
+        runner.start()
+        time.sleep(0.3)
+        try:
+            httpx.post(served.url + "/v1/chat/completions", json=dict(long_body, max_tokens=8),
+                       timeout=httpx.Timeout(120, read=0.5))
+        except httpx.ReadTimeout:
+            pass
+        runner.join()
+        follow = served.chat(FIRST)
+        fins = [e for e in served.events[mark:] if type(e).__name__ == "Finished"]
+        queued = [f for f in fins if f.completion_tokens == 0 and f.finish_reason == "cancelled"]
+        row("client abandons while queued", 3, int(follow.status_code != 200), bool(queued) and follow.status_code == 200,
+            cached_of(follow), f"(queued request computed {0 if queued else '?'} tokens)")
+    finally:
+        served.close()
+
+
+def engine_death_row() -> None:
+    served = Served(None, bank=False)
+    try:
+        served.engine._serve = lambda sub: (_ for _ in ()).throw(SystemExit("simulated engine crash"))
+        t = time.perf_counter()
+        first = served.chat(FIRST)
+        health = httpx.get(served.url + "/health")
+        after = served.chat(FIRST)
+        took = time.perf_counter() - t
+        row("engine thread dies", 2, 0 if (first.status_code, after.status_code) == (500, 503) else 1,
+            health.status_code == 503, None, f"(statuses {first.status_code}, {after.status_code}; /health "
+                                             f"{health.status_code}; answered in {took:.2f}s, no hang)")
+    finally:
+        served.close()
+
+
+def sigterm_row() -> None:
+    home = Path(tempfile.mkdtemp(prefix="mtplx-faults-"))
+    proc, url = _serve_process(home)
+    body = {"model": MODEL, "messages": FIRST, "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
+    lines = []
+    with httpx.stream("POST", url + "/chat/completions", json=body, timeout=120) as response:
+        for line in filter(None, response.iter_lines()):
+            lines.append(line)
+            if len(lines) == 10:
+                proc.send_signal(signal.SIGTERM)
+    code = proc.wait(60)
+    flushed = bool(list((home / "bank").glob("*.safetensors")))
+    restarted, url = _serve_process(home)
+    try:
+        again = httpx.post(url + "/chat/completions", json=dict(body, stream=False, max_tokens=8), timeout=120)
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        restarted.wait(60)
+    row("SIGTERM during a stream", 2, int(lines[-1] != "data: [DONE]") + int(again.status_code != 200),
+        code == 0 and flushed, cached_of(again), f"(exit {code}, stream ended with [DONE], bank flushed {flushed}; "
+                                                 "after restart:)")
+
+
+def busy_port_row() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "mtplx.cli", "serve", "--port", str(port)], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT, env=dict(os.environ, MTPLX_HOME=tempfile.mkdtemp()))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    row("serve on a busy port", 0, int(done.returncode != 2), done.returncode == 2 and len(lines) == 1, None,
+        f"(exit {done.returncode} in {time.perf_counter() - t:.1f}s: {lines[-1] if lines else ''})")
+
+
+def kill_row(kills: int) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "ssd_kill.py"), "--kills", str(kills)],
+                          capture_output=True, text=True, cwd=ROOT)
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-200:]
+    row(f"kill -9 during SSD writes (x{kills})", 0, int(done.returncode != 0), done.returncode == 0, None, f"({last})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=5, help="kill -9 rounds during SSD writes")
+    args = parser.parse_args()
+    os.environ.setdefault("MTPLX_HOME", tempfile.mkdtemp(prefix="mtplx-faults-home-"))
+    cold = reference()
+    restart_rows(cold)
+    disk_rows(cold)
+    abort_rows(cold)
+    engine_death_row()
+    sigterm_row()
+    busy_port_row()
+    kill_row(args.kills)
+    print("\n| fault | requests sent | failures | recovered | cached tokens after recovery | notes |")
+    print("|---|---|---|---|---|---|")
+    for fault, sent, failures, recovered, cached, note in ROWS:
+        print(f"| {fault} | {sent} | {failures} | {recovered} | {'-' if cached is None else cached} | {note.strip('()')} |")
+    sys.exit(1 if any(r[3] != "yes" or r[2] for r in ROWS) else 0)
+
+
+if __name__ == "__main__":
+    main()
