@@ -277,6 +277,8 @@ def convert(
     group_size: int = typer.Option(64, "--group-size", help="Quantization group size (mlx-lm's default 64)."),
     no_quantize: bool = typer.Option(False, "--no-quantize", help="Keep the trunk in --dtype."),
     head_bits: Optional[int] = typer.Option(None, "--head-bits", help="Quantize the MTP head too (default: keep it in --dtype)."),
+    embed_bits: Optional[int] = typer.Option(None, "--embed-bits", help="Bits of the embedding and LM head, which the "
+                                             "MTP head drafts through (default: 8 with a head, else --bits)."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float16 or float32 for what is not quantized."),
 ) -> None:
     """Convert a Hugging Face checkpoint to MLX: trunk quantized as mlx-lm does, MTP head kept."""
@@ -284,7 +286,7 @@ def convert(
     from mtplx.convert import convert as run_convert
 
     try:
-        summary = run_convert(resolve(src), dst, None if no_quantize else bits, group_size, head_bits, dtype)
+        summary = run_convert(resolve(src), dst, None if no_quantize else bits, group_size, head_bits, dtype, embed_bits)
     except MtplxError as exc:
         _fail(exc)
     typer.echo(f"wrote {dst}: trunk {summary['trunk']}, MTP head "
