@@ -213,3 +213,41 @@ async def _replay_flow(engine, folder):
         assert compared[0].startswith("A = bank, B = no-bank"), compared
         turn1 = compared[3].split()
         assert turn1[0] == "1" and int(turn1[1]) > 0 and int(turn1[2]) == 0, compared
+
+
+def test_quit_mid_prefill_cancels_the_turn():
+    """ctrl+q while a long prompt is being prefilled: the turn ends at its next chunk (the chat
+    worker is freed, so the app and then the engine stop promptly), never runs to the end."""
+    import asyncio
+
+    from mtplx.catalog import resolve
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.events import PrefillProgress
+
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=32), name="tiny-dense").start()
+    seen: list = []
+    engine.listeners.append(seen.append)
+
+    async def flow():
+        app = MtplxApp(engine=engine, model_name="tiny-dense", max_tokens=8)
+        async with app.run_test(size=SIZE) as pilot:
+            app.dashboard.query_one("#prompt").value = "Rules of the repository: " + "keep every change small and tested. " * 300
+            await pilot.press("enter")
+            for _ in range(400):
+                await pilot.pause(0.02)
+                if any(isinstance(e, PrefillProgress) for e in seen):
+                    break
+            await pilot.press("ctrl+q")
+
+    try:
+        asyncio.run(flow())
+        for _ in range(200):  # the cancelled turn's Finished arrives within a chunk
+            if any(isinstance(e, Finished) for e in seen):
+                break
+            asyncio.run(asyncio.sleep(0.02))
+        fin = next(e for e in seen if isinstance(e, Finished))
+        progress = [e for e in seen if isinstance(e, PrefillProgress)]
+        assert fin.finish_reason == "cancelled" and fin.completion_tokens == 0
+        assert progress[-1].done < progress[-1].total
+    finally:
+        engine.stop()

@@ -14,6 +14,7 @@ from textual import on, work
 from textual.app import App
 from textual.widgets import Input, RichLog, Static
 
+from mtplx.errors import MtplxError
 from mtplx.events import BankDecision, DraftVerified, Failed, Finished, FirstToken, PrefillProgress, Queued, Restored, Tokens
 from tui.messages import BankChanged, EngineEventArrived
 from tui.screens.dashboard import Dashboard
@@ -44,6 +45,7 @@ class MtplxApp(App):
         self.messages: list[dict] = [{"role": "system", "content": SYSTEM}]
         self.sources: dict[str, str] = {}
         self.chat_request: str | None = None
+        self._ssd_warned = False
 
     def on_mount(self) -> None:
         # A model that will not speculate says so in the header (no head, an unsupported family).
@@ -64,6 +66,13 @@ class MtplxApp(App):
             self.engine.listeners.remove(self._from_engine)
 
     # -- actions ----------------------------------------------------------------------------
+    async def action_quit(self) -> None:
+        # Turns in flight end at their next chunk or step, so the chat worker (and the engine's
+        # stop after the app) never keeps the terminal blank while a long prefill runs out.
+        if self.engine is not None:
+            self.engine.cancel_all()
+        self.exit()
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
@@ -103,13 +112,19 @@ class MtplxApp(App):
         request = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=self.max_tokens), session="tui",
                                     source="tui", chat={"messages": messages, "tools": None})
         self.chat_request = request.request_id
-        for _ in self.engine.submit(request):  # events reach the views through the listener
-            pass
+        try:
+            for _ in self.engine.submit(request):  # events reach the views through the listener
+                pass
+        except MtplxError as exc:  # the engine is stopping or stopped: say so, never a traceback
+            self.call_from_thread(self.notify, str(exc), title="not sent", severity="error")
 
     @work(thread=True, exclusive=True, group="bank")
     def refresh_bank(self) -> None:
         if self.engine is not None and self.engine.bank is not None:
-            self.post_message(BankChanged(self.engine.call(self.engine.bank.summary)))
+            try:
+                self.post_message(BankChanged(self.engine.call(self.engine.bank.summary)))
+            except MtplxError:  # the engine stopped (quitting): nothing left to show
+                pass
 
     @work(thread=True, group="attach")
     def follow(self, url: str) -> None:
@@ -143,6 +158,12 @@ class MtplxApp(App):
         event = message.event
         if isinstance(event, BankDecision):
             self.dashboard.query_one("#log", RichLog).write(f"{event.action:<10} {event.detail}")
+            if event.action == "ssd_failed" and not self._ssd_warned:  # once per outage, not per entry
+                self._ssd_warned = True
+                self.notify(event.detail, title="SSD tier failing: bank is RAM-only", severity="warning")
+            elif event.action == "ssd_recovered":
+                self._ssd_warned = False
+                self.notify(event.detail, title="SSD tier recovered")
             return
         self.dashboard.query_one(InFlight).track(event)
         status = self.dashboard.query_one("#status", Static)
