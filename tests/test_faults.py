@@ -39,6 +39,11 @@ class Served:
                              bank=BankConfig() if bank else None, ssd=ssd).start()
         self.events: list = []
         self.engine.listeners.append(self.events.append)
+        from mtplx.receipts.store import ReceiptStore
+        from mtplx.receipts.writer import ReceiptWriter
+
+        self.receipts = ReceiptStore()  # under the test's MTPLX_HOME: every turn, even abandoned, gets its row
+        self.engine.listeners.append(ReceiptWriter(self.receipts, MODEL, self.engine.checkpoint.identity))
         self.server = BackgroundServer(create_app(self.engine, MODEL)).start()
         self.url = self.server.url
 
@@ -221,6 +226,8 @@ def _request_id(served: Served, after: int) -> str:
 def _follow_up_is_normal(served: Served, cold) -> None:
     reply = reply_of(served.chat(FIRST))
     assert reply == cold[0]["choices"][0]["message"]
+    finishes = [row["finish_reason"] for row in served.receipts.rows()]
+    assert "cancelled" in finishes and finishes.count("stop") + finishes.count("length") >= 1  # no lost receipt
 
 
 def test_abandoned_during_prefill_frees_the_engine(cold):
@@ -314,6 +321,32 @@ def test_idle_work_failure_drops_that_job_only(tmp_path, cold):
         served.engine.call(lambda: setattr(bank, "idle_step", original))
         assert reply_of(served.chat(second_turn(cold[0]))) == cold[1]["choices"][0]["message"]
         assert served.engine.alive
+    finally:
+        served.close()
+
+
+def test_kill_9_during_ssd_writes_leaves_no_half_entry(tmp_path, cold):
+    import random
+
+    from bench.ssd_kill import CHILD  # a child that persists real entries as fast as the disk takes them
+
+    rng = random.Random(7)
+    for _ in range(2):
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), MODEL, str(6 << 20)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                 cwd=Path(__file__).resolve().parents[1])
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.2, 0.8))
+        child.kill()
+        child.wait()
+    tier = SsdTier(SsdConfig(tmp_path, budget_bytes=6 << 20, free_floor_bytes=0))  # what a restart opens
+    assert not list(tmp_path.glob(".tmp-*"))
+    for view in tier.views():
+        tier.load(view.entry_id, view.identity)  # every entry left is whole: none raises
+    tier.db.close()
+    served = Served(tmp_path)
+    try:
+        assert reply_of(served.chat(FIRST)) == cold[0]["choices"][0]["message"]
     finally:
         served.close()
 
