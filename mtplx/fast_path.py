@@ -118,6 +118,15 @@ def label(on_cpu: bool, dtype: str, blas: Blas) -> str:
     return f"cpu {dtype} + mkl" if blas.kind == "mkl" else f"cpu {dtype} reference blas"
 
 
+def rows_bitwise(blas: Blas) -> bool:
+    """Does a row of a matmul come out bit-identical whatever the number of rows in the call?
+    The reference BLAS (and MLX's own bf16 loops) yes. MKL no: it runs 1-3-row calls through other
+    kernels and splits a call's rows over its threads, so a token's logits and KV differ in the
+    last bits between a 1-token forward, a (k+1)-token verify and a prefill chunk (measured: ~1e-6
+    on values of ~5). Equal shapes still give equal bits (MKL_CBWR STRICT, fixed thread count)."""
+    return blas.kind != "mkl"
+
+
 def notice(blas: Blas) -> str | None:
     """The one line a CLI prints when the fast path was wanted on Linux and is not active."""
     if blas.kind != "reference" or not wanted():

@@ -1,5 +1,6 @@
 """Restored == cold on the real tiny models: a warm turn's output equals a cold engine's, and the
-prefill logits after a restore are bit-identical to a cold prefill."""
+prefill logits after a restore are bit-identical to a cold prefill (on MKL: to fp32 rounding, since its
+rows depend on a call's row count; tests/test_fast_path.py reruns that test on the reference path)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from mtplx.engine.sampling import SamplingParams
 from mtplx.replay.live_agent import AgentSession
 from mtplx.synth.agent import Sizes, conversation
 from mtplx.synth.corpus import Corpus
+from test_mtp_exactness import assert_same_values
 
 
 @pytest.fixture(scope="module", params=["tiny-dense", "tiny-hybrid"])
@@ -70,7 +72,8 @@ def test_restored_prefill_logits_are_bit_identical(banked):
 
     cached, warm = banked.call(lambda: last_logits(True))
     _, cold = banked.call(lambda: last_logits(False))
-    assert cached > 0 and np.array_equal(warm, cold)
+    assert cached > 0
+    assert_same_values(warm, cold)  # bitwise, or to fp32 rounding on MKL (see there)
 
 
 SAMPLES = sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "sample_transcripts").glob("*.json"))

@@ -69,3 +69,18 @@ def test_mlx_imported_first_keeps_the_reference_blas_and_says_why():
     blas = _run("import mlx.core, json\nfrom mtplx import fast_path\nprint(json.dumps(fast_path.activate().__dict__))")
     if sys.platform == "linux":
         assert blas["kind"] == "reference" and "imported before" in blas["reason"]
+
+
+BITWISE = ["tests/test_mtp_exactness.py::test_rollback_equals_feeding_only_kept_tokens",
+           "tests/test_bank_restore.py::test_restored_prefill_logits_are_bit_identical"]
+
+
+@pytest.mark.skipif(fast_path.rows_bitwise(fast_path.activate()), reason="this process already runs them bitwise")
+def test_the_reference_path_stays_bit_exact():
+    """This process runs on MKL, where those tests compare to fp32 rounding; on the reference path
+    (MTPLX_FAST_PATH=off: weights as stored, reference BLAS) they must hold bit for bit."""
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *BITWISE], cwd=ROOT,
+                         capture_output=True, text=True, env={**os.environ, fast_path.ENV: "off"}, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:]

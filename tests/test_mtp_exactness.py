@@ -6,6 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mtplx import fast_path
 from mtplx.chat import render
 from mtplx.engine import cache_state
 from mtplx.engine.request import GenerationRequest
@@ -55,12 +56,23 @@ def _fed_cache(runner, tokens):
     return cache
 
 
+def assert_same_values(x: np.ndarray, y: np.ndarray) -> None:
+    """Bit-identical on a path whose matmul rows do not depend on the call's row count; on MKL
+    (fast_path.rows_bitwise) equal to fp32 rounding: 1e-5 of the tensor's scale, where rounding
+    gives ~2e-7 and a wrong kept token ~0.5. tests/test_fast_path.py reruns these tests on the
+    reference path, bitwise."""
+    if fast_path.rows_bitwise(fast_path.activate()):
+        assert np.array_equal(x, y)
+    else:
+        assert x.shape == y.shape and np.abs(x - y).max() <= 1e-5 * max(1.0, float(np.abs(y).max()))
+
+
 def _assert_same_state(a, b):
     sa, sb = cache_state.snapshot(a), cache_state.snapshot(b)
     for la, lb in zip(sa, sb):
         assert la.kind == lb.kind and la.offset == lb.offset
         for x, y in zip(la.arrays, lb.arrays):
-            assert np.array_equal(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)))
+            assert_same_values(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)))
 
 
 @pytest.mark.parametrize("capture", [True, False])
