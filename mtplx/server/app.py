@@ -107,7 +107,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def models():
         window = window_of(engine)  # context_window (+ max_model_len, as vLLM names it) is what a request may use
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mtplx",
-                                            **window.describe(), "max_model_len": window.tokens}]}
+                                            **window.describe(), "max_model_len": window.tokens,
+                                            # whether it speculates, and if not, why (one sentence)
+                                            "mtp": engine.has_mtp, "mtp_notice": engine.checkpoint.mtp_notice}]}
 
     @app.get("/metrics")
     async def prometheus():
