@@ -160,6 +160,8 @@ def test_serve_three_turn_tool_conversation(built, engines, row):
     ]
     messages = []
     with TestClient(create_app(engine, row)) as client:
+        card = client.get("/v1/models").json()["data"][0]
+        assert card["mtp"] == ROWS[row] and (card["mtp_notice"] is None) == ROWS[row]
         for turn in turns:
             messages += turn
             r = client.post("/v1/chat/completions", headers={"x-session-id": f"tools-{row}"},
