@@ -42,10 +42,10 @@ def _mlx_lm_convert(src: Path, dst: Path) -> None:
     importlib.import_module("mlx_lm.convert").convert(str(src), str(dst), quantize=True, q_group_size=32, q_bits=4)
 
 
-def _mtplx_convert(src: Path, dst: Path) -> None:
+def _mtplx_convert(src: Path, dst: Path, group_size: int) -> None:
     from mtplx.convert import convert
 
-    convert(src, dst, bits=4, group_size=32)
+    convert(src, dst, bits=4, group_size=group_size)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def built(tmp_path_factory):
     for kind in ("qwen3_next", "qwen3_5_moe"):
         out[f"{kind}-hf"] = standins.build(kind, root / f"{kind}-hf", TINY_TOKENIZER)
     for kind in ("qwen3_5", "qwen3_next", "qwen3_5_moe"):
-        _mtplx_convert(out[f"{kind}-hf"], root / f"{kind}-convert")
+        _mtplx_convert(out[f"{kind}-hf"], root / f"{kind}-convert", 64 if kind == "qwen3_5" else 32)
         out[f"{kind}-convert"] = root / f"{kind}-convert"
     out["deepseek_v3"] = standins.build("deepseek_v3", root / "deepseek_v3", TINY_TOKENIZER)
     out["llama"] = standins.build("llama", root / "llama", TINY_TOKENIZER,
@@ -300,3 +300,24 @@ def test_real_qwen3_template_tool_conversation_restores_its_ceiling(built, engin
         engine.listeners.remove(listener)
     assert ratios[0] is None or ratios[0] == 0 or seen[0].cached_tokens == 0
     assert all(r is not None and r >= 0.99 for r in ratios[1:]), ratios
+
+
+def test_converted_qwen35_keeps_its_acceptance(built, engines):
+    """`mtplx convert` (4-bit trunk, group 64, bf16 head) of the Qwen3.5 stand-in made from the
+    trained tiny weights: depth-1 acceptance within 0.05 of the bf16 original, and MTP greedy ==
+    AR greedy on it (held-out prompts; bench/checkpoints.py runs more)."""
+    from test_mtp_held_out import held_out_prompts
+
+    prompts = held_out_prompts(engines("qwen3_5-hf").checkpoint.tokenizer, 3)
+    rates = {}
+    for row in ("qwen3_5-hf", "qwen3_5-convert"):
+        engine, drafted, accepted = engines(row), 0, 0
+        for prompt in prompts:
+            params = SamplingParams(max_tokens=96, ignore_eos=True)
+            mtp = engine.submit(GenerationRequest(prompt, params, use_mtp=True, depth=1)).result()
+            drafted, accepted = drafted + mtp.stats["drafted_by_depth"][0], accepted + mtp.stats["accepted_by_depth"][0]
+            if row == "qwen3_5-convert":
+                ar = engine.submit(GenerationRequest(prompt, params, use_mtp=False)).result()
+                assert mtp.token_ids == ar.token_ids
+        rates[row] = accepted / drafted
+    assert rates["qwen3_5-hf"] > 0.8 and rates["qwen3_5-convert"] >= rates["qwen3_5-hf"] - 0.05, rates
