@@ -47,6 +47,9 @@ def _event_sse(name: str, data: dict) -> bytes:
 def create_app(engine, model_name: str, api_key: str | None = None, defaults: SamplingParams = DEFAULTS) -> FastAPI:
     app = FastAPI(title="mtplx", docs_url=None, redoc_url=None, openapi_url=None)
     tokenizer = engine.checkpoint.tokenizer
+    # The checkpoint's generation_config.json sampling stands in for ours; a request's own values still win.
+    generation = getattr(engine.checkpoint, "generation", None)
+    defaults = generation.defaults(defaults) if generation is not None else defaults
     cache = EncodeCache(engine.checkpoint.identity, tokenizer.chat_template or "")
     metrics = Metrics()
     engine.listeners.append(metrics.observe)
