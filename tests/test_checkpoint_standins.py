@@ -321,3 +321,26 @@ def test_converted_qwen35_keeps_its_acceptance(built, engines):
                 assert mtp.token_ids == ar.token_ids
         rates[row] = accepted / drafted
     assert rates["qwen3_5-hf"] > 0.8 and rates["qwen3_5-convert"] >= rates["qwen3_5-hf"] - 0.05, rates
+
+
+def test_server_defaults_come_from_generation_config(built, engines):
+    """A request without sampling parameters samples with the checkpoint's generation_config.json
+    values; explicit ones still win."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.events import Queued
+    from mtplx.server.app import create_app
+
+    engine = engines("llama")
+    seen = []
+    listener = lambda e: seen.append(e.request.sampling) if isinstance(e, Queued) else None
+    engine.listeners.append(listener)
+    try:
+        with TestClient(create_app(engine, "llama")) as client:
+            for extra in ({}, {"temperature": 0.1}):
+                r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                              "max_tokens": 2, **extra})
+                assert r.status_code == 200
+    finally:
+        engine.listeners.remove(listener)
+    assert (seen[0].temperature, seen[0].top_p) == (0.6, 0.9) and (seen[1].temperature, seen[1].top_p) == (0.1, 0.9)
