@@ -163,7 +163,10 @@ def tui(
     no_ssd: bool = typer.Option(False, "--no-ssd", help="Keep the session bank in RAM only."),
     bank_ram: Optional[str] = typer.Option(None, "--bank-ram", help=BANK_RAM_HELP),
     bank_ssd: Optional[str] = typer.Option(None, "--bank-ssd", help=BANK_SSD_HELP),
-    attach: Optional[str] = typer.Option(None, "--attach", help="Follow a running `mtplx serve` at this URL instead."),
+    attach: Optional[str] = typer.Option(None, "--attach", help="Follow a running `mtplx serve` at this URL instead "
+                                         "(http://host:port, with or without /v1)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MTPLX_API_KEY",
+                                          help="With --attach: the server's API key (sent as a bearer token)."),
     context_window: Optional[int] = typer.Option(None, "--context-window", min=256, help="Tokens of context (prompt + "
                                                  "reply) to allow; default: the model's max_position_embeddings."),
 ) -> None:
@@ -171,7 +174,9 @@ def tui(
     from tui.app import MtplxApp
 
     if attach:
-        MtplxApp(None, attach, attach_url=attach).run()
+        from tui.attach import normalise
+
+        MtplxApp(None, normalise(attach), attach_url=normalise(attach), api_key=api_key).run()
         return
     from mtplx.launch import open_engine
 

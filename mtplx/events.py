@@ -33,6 +33,7 @@ class Restored:
     ceiling: int | None = None  # reuse ceiling of the turn, when known
     shortfall: str | None = None  # why cached < ceiling, when it is
     t: float = field(default_factory=_now)
+    entry_id: str | None = None  # the bank entry restored from (None when cold or kept live)
 
 
 @dataclass(frozen=True)

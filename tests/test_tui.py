@@ -42,9 +42,9 @@ def test_empty_dashboard(snap_compare):
 def _busy_dashboard(app):
     async def run_before(pilot):
         chat = app.dashboard.query_one("#chat")
-        app.chat_request = "r1"
-        chat.add_message("user", "Explain what src/ledger/events.py does")
-        chat.start_reply()
+        app.chat.request_id, app.chat.busy = "r1", True
+        app.chat.messages.append({"role": "user", "content": "Explain what src/ledger/events.py does"})
+        chat.start_reply(after=chat.add_message("user", "Explain what src/ledger/events.py does"))
         app.feed(_turn("r1", 620, 0, "<think>\nI need to read it.\n</think>\n\nIt defines `emit`.", [10, 9], [9, 7]))
         app.feed(_turn("r2", 700, 650, "The tests pass.", [8, 8], [8, 6], source="api"))
         app.feed([Queued("r3", 0, SimpleNamespace(source="api", session="agent-2", prompt_tokens=900))])
@@ -145,7 +145,7 @@ async def _flow(dense_engine):
             if app.dashboard.query_one("#turns").row_count:
                 break
         assert app.dashboard.query_one("#turns").row_count == 1
-        assert app.messages[-1]["role"] == "assistant"
+        assert app.chat.messages[-1]["role"] == "assistant"
         await pilot.press("f1")
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape", "f3")
@@ -199,7 +199,7 @@ async def _replay_flow(engine, folder):
                     break
             assert table.row_count == expected
         warm = table.get_row_at(1)
-        assert warm[6] in ("ram", "ssd") and warm[5] == "1.000", warm
+        assert warm[6] in ("ram", "ssd") and warm[5] == "1.00", warm
         assert "turn 2/2 done" in str(screen.query_one("#replay-status").render())
         await pilot.press("c")  # the same transcript under bank / no-bank, fresh engines, compared
         for _ in range(1200):
@@ -251,3 +251,148 @@ def test_quit_mid_prefill_cancels_the_turn():
         assert progress[-1].done < progress[-1].total
     finally:
         engine.stop()
+
+
+# -- live views, chat correctness, attach, drill-down (pilot tests on a banked engine) ----------
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def banked_engine():
+    from mtplx.bank.bank import BankConfig
+    from mtplx.catalog import resolve
+    from mtplx.engine.engine import Engine, EngineConfig
+
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=32), name="tiny-dense", bank=BankConfig()).start()
+    yield engine
+    engine.stop()
+
+
+async def _until(pilot, condition, what: str, steps: int = 600):
+    """Wait for a condition however busy the machine is (no timed assertion: it fails only when
+    the condition never holds within a generous bound)."""
+    for _ in range(steps):
+        if condition():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+class Gate:
+    """An engine listener that holds the engine thread at the Restored event of a chosen request
+    (by source and number), so a test can look at the views while that request is unfinished."""
+
+    def __init__(self, source: str, nth: int):
+        import threading
+
+        self.source, self.nth, self.seen = source, nth, 0
+        self.sources: dict[str, str] = {}
+        self.held, self.release = threading.Event(), threading.Event()
+        self.restored = None
+
+    def __call__(self, event):
+        if isinstance(event, Queued):
+            self.sources[event.request_id] = getattr(event.request, "source", "")
+        elif isinstance(event, Restored) and self.sources.get(event.request_id) == self.source:
+            self.seen += 1
+            if self.seen == self.nth:
+                self.restored = event
+                self.held.set()
+                self.release.wait(60)
+
+
+def _bank_rows(app) -> list[list[str]]:
+    table = app.dashboard.query_one("#bank")
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+def test_rapid_sends_queue_in_order(banked_engine):
+    """Three messages sent while the first reply is held: they show as queued, go out one at a
+    time, and every one gets its reply (history alternates user/assistant, no placeholder left)."""
+    import asyncio
+
+    gate = Gate("tui", 1)
+    banked_engine.listeners.append(gate)
+
+    async def flow():
+        app = MtplxApp(engine=banked_engine, model_name="tiny-dense", max_tokens=6)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press(*"one", "enter")
+            await _until(pilot, gate.held.is_set, "the first request reached the engine")
+            await pilot.press(*"two", "enter", *"three", "enter")
+            assert [text for text, _ in app.chat.pending] == ["two", "three"]
+            assert "queued" in str(app.chat.pending[0][1].render())
+            gate.release.set()
+            await _until(pilot, lambda: len(app.chat.messages) == 7 and not app.chat.busy, "three replies")
+            roles = [m["role"] for m in app.chat.messages[1:]]
+            assert roles == ["user", "assistant"] * 3, roles
+            assert [m["content"] for m in app.chat.messages if m["role"] == "user"] == ["one", "two", "three"]
+            view = app.dashboard.query_one("#chat")
+            texts = [str(b.render()) for b in view.query(".msg.user")]
+            assert not any("queued" in t for t in texts) and len(view.query(".reply")) == 3
+            assert app.dashboard.query_one("#turns").row_count == 3
+            first = app.chat.session
+            await pilot.press("ctrl+l")
+            assert app.chat.session != first and len(app.chat.messages) == 1
+
+    try:
+        asyncio.run(flow())
+    finally:
+        gate.release.set()
+        banked_engine.listeners.remove(gate)
+
+
+def test_bank_views_update_on_restore_before_the_turn_ends(banked_engine):
+    """Turn 2 is held at its restore: the bank table and the anchor map already show that restore
+    (the request has not finished); the render-ahead entry of turn 1 is listed as 'ahead'; once
+    turn 2 ends, selecting it draws the restore it used, and its drill-down opens."""
+    import asyncio
+
+    long = "Please review the ledger module. " + " ".join(f"Point {i}: keep events append-only." for i in range(12))
+    gate = Gate("tui", 2)
+    banked_engine.listeners.append(gate)
+
+    async def flow():
+        app = MtplxApp(engine=banked_engine, model_name="tiny-dense", max_tokens=6)
+        async with app.run_test(size=SIZE) as pilot:
+            app.chat.new_chat()  # a session of its own on the shared engine
+            app.dashboard.query_one("#prompt").value = long
+            await pilot.press("enter")
+            await _until(pilot, lambda: not app.chat.busy, "turn 1")
+            await asyncio.to_thread(banked_engine.settle)  # render-ahead runs in idle time
+            session = app.chat.session
+            await _until(pilot, lambda: any(r[1] == "ahead" for r in _bank_rows(app)), "a render-ahead entry listed")
+            await pilot.press(*"And the tests?", "enter")
+            await _until(pilot, gate.held.is_set, "turn 2 restored")
+            restored = gate.restored
+            assert restored.cached_tokens > 0 and restored.entry_id, restored
+            table, amap = app.dashboard.query_one("#bank"), app.dashboard.query_one("#anchor-map")
+            await _until(pilot, lambda: table.selected() and table.selected()["id"] == restored.entry_id
+                         and table.selected()["last_restore"] == restored.cached_tokens, "bank table shows the restore")
+            await _until(pilot, lambda: f"restored up to {restored.cached_tokens}" in str(amap.render()), "map")
+            assert app.dashboard.query_one("#turns").row_count == 1  # turn 2 is still running
+            gate.release.set()
+            await _until(pilot, lambda: app.dashboard.query_one("#turns").row_count == 2, "turn 2 finished")
+            await asyncio.to_thread(banked_engine.settle)
+            # the render-ahead after turn 2 restores internally; the entry keeps turn 2's restore
+            entries = {e["id"]: e for e in await asyncio.to_thread(banked_engine.call, banked_engine.bank.summary)}
+            if restored.entry_id in entries:
+                assert entries[restored.entry_id]["last_restore"] == restored.cached_tokens
+            assert any(e["origin"] == "render_ahead" and e["session"] == session for e in entries.values())
+            await pilot.press("f4")  # the turns table: newest first, so turn 2 is row 0
+            await pilot.pause()
+            assert f"turn 2 restored {restored.cached_tokens} from {restored.entry_id}" in amap.border_title
+            await pilot.press("enter")
+            await _until(pilot, lambda: type(app.screen).__name__ == "TurnScreen", "drill-down open")
+            await _until(pilot, lambda: "request_id" in str(app.screen.query_one("#turn-receipt").render())
+                         or "no receipt" in str(app.screen.query_one("#turn-receipt").render()), "receipt looked up")
+            shown = str(app.screen.query_one("#turn-map").render())
+            assert f"restored up to {restored.cached_tokens}" in shown
+            await pilot.press("escape")
+            assert app.screen is app.dashboard
+
+    try:
+        asyncio.run(flow())
+    finally:
+        gate.release.set()
+        banked_engine.listeners.remove(gate)

@@ -3,48 +3,54 @@ while external agents use the endpoint served alongside.
 
 The app only routes: every engine event (from any source: this chat, the endpoint, a replay)
 reaches it as a message, through an engine listener or, in attach mode, the server's event
-stream; widgets turn them into pixels. Blocking work runs in worker threads.
+stream; bank snapshots arrive the same way. Screens and widgets turn them into pixels. Blocking
+work runs in worker threads.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from textual import on, work
-from textual.app import App
-from textual.widgets import Input, RichLog, Static
+from textual import work
+from textual.app import App, SystemCommand
 
-from mtplx.errors import MtplxError
-from mtplx.events import BankDecision, DraftVerified, Failed, Finished, FirstToken, PrefillProgress, Queued, Restored, Tokens
-from tui.messages import BankChanged, EngineEventArrived
+from mtplx.events import BankDecision
+from tui.messages import BankChanged, ConnectionChanged, EngineEventArrived
 from tui.screens.dashboard import Dashboard
 from tui.screens.help import HelpScreen
 from tui.screens.receipts import ReceiptsScreen
 from tui.screens.replay import ReplayScreen
-from tui.widgets.acceptance import AcceptancePanel
-from tui.widgets.bank import BankTable
-from tui.widgets.chat import ChatView
-from tui.widgets.inflight import InFlight
-from tui.widgets.turn_chart import TurnChart
-from tui.widgets.turns import TurnTable
+from tui.widgets.chat_panel import SYSTEM  # noqa: F401  -- kept importable where it always was
 
-SYSTEM = "You are a careful coding agent. Think before you act."
+ACTIONS = (  # (action, title, help): the key bindings, the command palette and the help screen
+    ("new_chat", "New chat", "Start a new conversation with a new session id (the bank keeps its entries)"),
+    ("replay", "Replay a transcript", "Replay a frozen transcript turn by turn on the embedded engine"),
+    ("receipts", "Browse receipts", "One row per turn from any source; enter opens one"),
+    ("open_turn", "Open the selected turn", "Its receipt, raw request, restored entry and anchor map"),
+    ("focus_turns", "Focus the turns table", "Arrow keys pick a turn; the anchor map shows its restore"),
+    ("focus_bank", "Focus the bank table", "Arrow keys pick an entry; the anchor map draws it"),
+    ("focus_chat", "Focus the chat input", "Type a message; enter sends (queued while a reply generates)"),
+    ("help", "Keys and panels", "Every key and what each panel shows"),
+    ("quit", "Quit", "Cancel turns in flight, stop the server and the engine"),
+)
 
 
 class MtplxApp(App):
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "mtplx"
-    BINDINGS = [("ctrl+q", "quit", "Quit"), ("ctrl+l", "clear", "New chat"), ("f2", "replay", "Replay"),
-                ("f3", "receipts", "Receipts"), ("f1", "help", "Help"), ("question_mark", "help", "Help")]
+    BINDINGS = [("ctrl+q", "quit", "Quit"), ("ctrl+l", "new_chat", "New chat"), ("f2", "replay", "Replay"),
+                ("f3", "receipts", "Receipts"), ("f1", "help", "Help"), ("f4", "focus_turns", "Turns"),
+                ("f5", "focus_bank", "Bank"), ("f6", "focus_chat", "Chat")]
 
     def __init__(self, engine=None, model_name: str = "", max_tokens: int = 256, server_url: str | None = None,
-                 attach_url: str | None = None, receipts_store=None):
+                 attach_url: str | None = None, receipts_store=None, api_key: str | None = None,
+                 reconnect_s: float = 1.0):
         super().__init__()
         self.engine, self.model_name, self.max_tokens = engine, model_name, max_tokens
         self.server_url, self.attach_url, self.receipts_store = server_url, attach_url, receipts_store
-        self.messages: list[dict] = [{"role": "system", "content": SYSTEM}]
-        self.sources: dict[str, str] = {}
-        self.chat_request: str | None = None
+        self.api_key, self.reconnect_s = api_key, reconnect_s
+        self.attachment = None
+        self.watch = None
         self._ssd_warned = False
 
     def on_mount(self) -> None:
@@ -54,18 +60,37 @@ class MtplxApp(App):
         self.dashboard = Dashboard(self.server_url, self.attach_url)
         self.push_screen(self.dashboard)
         if self.engine is not None:
-            self.engine.listeners.append(self._from_engine)
+            from mtplx.bank.watch import BankWatch
+
+            self.watch = BankWatch(self.engine, lambda entries: self.post_message(BankChanged(entries)))
+            self.engine.listeners += [self._from_engine, self.watch]
         if self.attach_url:
-            self.follow(self.attach_url)
+            self.follow()
 
     def _from_engine(self, event) -> None:  # called on the engine thread: only hand over
         self.post_message(EngineEventArrived(event))
 
     def on_unmount(self) -> None:
-        if self.engine is not None and self._from_engine in self.engine.listeners:
-            self.engine.listeners.remove(self._from_engine)
+        if self.attachment is not None:
+            self.attachment.stop()
+        if self.engine is not None:
+            for listener in (self._from_engine, self.watch):
+                if listener in self.engine.listeners:
+                    self.engine.listeners.remove(listener)
+
+    @property
+    def chat(self):
+        from tui.widgets.chat_panel import ChatPanel
+
+        return self.dashboard.query_one(ChatPanel)
 
     # -- actions ----------------------------------------------------------------------------
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        for action, title, help_text in ACTIONS:
+            if action != "quit":  # Textual lists its own Quit
+                yield SystemCommand(title, help_text, getattr(self, f"action_{action}"))
+
     async def action_quit(self) -> None:
         # Turns in flight end at their next chunk or step, so the chat worker (and the engine's
         # stop after the app) never keeps the terminal blank while a long prefill runs out.
@@ -74,7 +99,8 @@ class MtplxApp(App):
         self.exit()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
 
     def action_replay(self) -> None:
         if self.engine is not None:
@@ -85,65 +111,44 @@ class MtplxApp(App):
     def action_receipts(self) -> None:
         self.push_screen(ReceiptsScreen(self.receipts_store))
 
-    def action_clear(self) -> None:
-        self.messages = self.messages[:1]
-        self.dashboard.query_one(ChatView).remove_children()
+    def action_new_chat(self) -> None:
+        self.chat.new_chat()
+        self.notify(f"new chat: session {self.chat.session}", timeout=3)
 
-    # -- chat -------------------------------------------------------------------------------
-    @on(Input.Submitted, "#prompt")
-    def send(self, event: Input.Submitted) -> None:
-        text = event.value.strip()
-        if not text or self.engine is None:
-            return
-        event.input.value = ""
-        self.messages.append({"role": "user", "content": text})
-        chat = self.dashboard.query_one(ChatView)
-        chat.add_message("user", text)
-        chat.start_reply()
-        self.generate(list(self.messages))
+    def action_open_turn(self) -> None:
+        from tui.widgets.turns import TurnTable
 
-    @work(thread=True, exclusive=True, group="chat")
-    def generate(self, messages: list[dict]) -> None:
-        from mtplx.chat import render
-        from mtplx.engine.request import GenerationRequest
-        from mtplx.engine.sampling import SamplingParams
+        record = self.dashboard.query_one(TurnTable).selected()
+        if record is not None:
+            self.open_turn(record)
 
-        prompt = render(self.engine.checkpoint.tokenizer, messages)
-        request = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=self.max_tokens), session="tui",
-                                    source="tui", chat={"messages": messages, "tools": None})
-        self.chat_request = request.request_id
-        try:
-            for _ in self.engine.submit(request):  # events reach the views through the listener
-                pass
-        except MtplxError as exc:  # the engine is stopping or stopped: say so, never a traceback
-            self.call_from_thread(self.notify, str(exc), title="not sent", severity="error")
+    def open_turn(self, record) -> None:
+        from tui.screens.turn import TurnScreen
 
-    @work(thread=True, exclusive=True, group="bank")
-    def refresh_bank(self) -> None:
-        if self.engine is not None and self.engine.bank is not None:
-            try:
-                self.post_message(BankChanged(self.engine.call(self.engine.bank.summary)))
-            except MtplxError:  # the engine stopped (quitting): nothing left to show
-                pass
+        self.push_screen(TurnScreen.for_turn(record, self.dashboard.entry_of(record), self.receipts_store))
 
+    def action_focus_turns(self) -> None:
+        self.dashboard.query_one("#turns").focus()
+
+    def action_focus_bank(self) -> None:
+        self.dashboard.query_one("#bank").focus()
+
+    def action_focus_chat(self) -> None:
+        self.dashboard.query_one("#prompt").focus()
+
+    # -- attach mode ------------------------------------------------------------------------
     @work(thread=True, group="attach")
-    def follow(self, url: str) -> None:
-        """Attach mode: the server's event stream feeds the same views."""
-        import json
+    def follow(self) -> None:
+        from tui.attach import Attachment
 
-        import httpx
+        self.attachment = Attachment(self.attach_url, self.api_key, backoff_s=self.reconnect_s,
+                                     on_event=lambda e: self.post_message(EngineEventArrived(e)),
+                                     on_bank=lambda entries: self.post_message(BankChanged(entries)),
+                                     on_state=lambda state: self.post_message(ConnectionChanged(state)))
+        self.attachment.run()
 
-        from mtplx.events import event_from_dict
-
-        try:
-            with httpx.stream("GET", url.rstrip("/") + "/v1/mtplx/events", timeout=None) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        event = event_from_dict(json.loads(line[6:]))
-                        if event is not None:
-                            self.post_message(EngineEventArrived(event))
-        except httpx.HTTPError as exc:
-            self.call_from_thread(self.notify, f"lost the event stream from {url}: {exc}", severity="error")
+    def on_connection_changed(self, message: ConnectionChanged) -> None:
+        self.dashboard.connection(message.state)
 
     # -- events -----------------------------------------------------------------------------
     def feed(self, events) -> None:
@@ -152,49 +157,18 @@ class MtplxApp(App):
             self.on_engine_event_arrived(EngineEventArrived(event))
 
     def on_bank_changed(self, message: BankChanged) -> None:
-        self.dashboard.query_one(BankTable).show(message.entries)
+        self.dashboard.bank_changed(message.entries)
+
+    def on_turn_table_opened(self, message) -> None:
+        self.open_turn(message.record)
 
     def on_engine_event_arrived(self, message: EngineEventArrived) -> None:
         event = message.event
         if isinstance(event, BankDecision):
-            self.dashboard.query_one("#log", RichLog).write(f"{event.action:<10} {event.detail}")
             if event.action == "ssd_failed" and not self._ssd_warned:  # once per outage, not per entry
                 self._ssd_warned = True
                 self.notify(event.detail, title="SSD tier failing: bank is RAM-only", severity="warning")
             elif event.action == "ssd_recovered":
                 self._ssd_warned = False
                 self.notify(event.detail, title="SSD tier recovered")
-            return
-        self.dashboard.query_one(InFlight).track(event)
-        status = self.dashboard.query_one("#status", Static)
-        ours = event.request_id == self.chat_request
-        if isinstance(event, Queued):
-            self.sources[event.request_id] = getattr(event.request, "source", "api")
-        elif isinstance(event, Restored):
-            self.dashboard.query_one(TurnTable).note_restore(event)
-            ceiling = f" of ceiling {event.ceiling}" if event.ceiling else ""
-            why = f" — {event.shortfall}" if event.shortfall else ""
-            status.update(f"prompt {event.prompt_tokens} tokens, {event.cached_tokens} restored{ceiling} "
-                          f"({event.source}{', ' + event.anchor if event.anchor else ''}){why}")
-        elif isinstance(event, PrefillProgress) and ours:
-            status.update(f"prefill {event.done}/{event.total}")
-        elif isinstance(event, FirstToken) and ours:
-            status.update(f"first token after {event.ttft_s:.3f}s")
-        elif isinstance(event, Tokens) and ours:
-            self.dashboard.query_one(ChatView).stream(event.text)
-        elif isinstance(event, DraftVerified):
-            self.dashboard.query_one(AcceptancePanel).verified(event)
-        elif isinstance(event, Finished):
-            ratio = self.dashboard.query_one(TurnTable).add_turn(event, self.sources.pop(event.request_id, "api"))
-            self.dashboard.query_one(TurnChart).add(event.stats.get("ttft_s"), ratio)
-            self.dashboard.query_one(AcceptancePanel).add(event.stats, event.request_id)
-            if ours:
-                from mtplx.chat import parse_reply
-
-                self.messages.append(parse_reply(event.text))
-                status.update(f"done: {event.completion_tokens} tokens, finish {event.finish_reason}")
-            self.refresh_bank()
-        elif isinstance(event, Failed):
-            self.sources.pop(event.request_id, None)
-            self.notify(event.message, title="request failed", severity="error")
-            status.update("failed")
+        self.dashboard.handle(event)

@@ -1,4 +1,5 @@
-"""Textual messages the workbench posts to itself: engine events crossing into the UI thread."""
+"""Textual messages the workbench posts to itself: engine events, bank snapshots and the attach
+connection's state crossing into the UI thread."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ class EngineEventArrived(Message):
 
 
 class BankChanged(Message):
-    """A fresh summary of the session bank's entries (read on the engine thread)."""
+    """A fresh summary of the session bank's entries (taken on the engine thread, or fetched)."""
 
     def __init__(self, entries: list[dict]) -> None:
         super().__init__()
         self.entries = entries
+
+
+class ConnectionChanged(Message):
+    """Attach mode: the event stream connected, was refused, unauthorized, or waits to retry."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__()
+        self.state = state

@@ -112,7 +112,8 @@ class SessionBank:
         """Plain data about every entry (for the TUI and the API; call on the engine thread)."""
         return [{"id": e.entry_id, "session": e.session, "tokens": len(e.tokens), "bytes": e.nbytes, "hits": e.hits,
                  "checkpoints": sorted(e.checkpoints), "anchors": [(a.position, a.kind) for a in e.anchors],
-                 "mtp": e.mtp is not None, "age_s": time.time() - e.created, "last_restore": e.last_restore}
+                 "mtp": e.mtp is not None, "age_s": time.time() - e.created, "last_restore": e.last_restore,
+                 "origin": e.origin}
                 for e in sorted(self.entries.values(), key=lambda e: -e.last_used)]
 
     def health(self) -> dict:
@@ -152,7 +153,7 @@ class SessionBank:
         self._anchors = anchors
         if state is not None:
             self.notify("restored", f"{state.length} tokens from {plan.entry_id} at {plan.anchor or 'a cut'} (plan {plan_ms:.2f} ms)")
-        start = StartPoint(state, source, plan.anchor, ceiling, cause)
+        start = StartPoint(state, source, plan.anchor, ceiling, cause, plan.entry_id if state is not None else None)
         return start, plan.captures, self._capture
 
     def _session_of(self, entry_id: str | None) -> str | None:
@@ -296,7 +297,10 @@ class SessionBank:
         state = None
         if plan.entry_id:
             try:
-                state = self._fetch(plan.entry_id, identity)[0].restore(plan.position, tokens[plan.position])
+                base = self._fetch(plan.entry_id, identity)[0]
+                seen = base.hits, base.last_restore  # the views show the turns' restores, not this one
+                state = base.restore(plan.position, tokens[plan.position])
+                base.hits, base.last_restore = seen
             except Exception as exc:  # a damaged SSD entry: drop it and compute this branch cold
                 self.ssd_views.pop(plan.entry_id, None)
                 self.notify("discarded", f"{plan.entry_id}: {exc}")
@@ -305,8 +309,10 @@ class SessionBank:
         for _ in gen.prefill(StartPoint(state), plan.captures, hook):
             yield
         # The whole variant is in the trunk; its last hidden completes the MTP history on restore.
-        self._store(entry_from_state(gen.state, identity, captures, [*anchors, Anchor(len(tokens), MESSAGE)],
-                                     gen.last_hidden, session))
+        entry = entry_from_state(gen.state, identity, captures, [*anchors, Anchor(len(tokens), MESSAGE)],
+                                 gen.last_hidden, session)
+        entry.origin = "render_ahead"
+        self._store(entry)
 
     def persist_one(self) -> None:
         entry = self.pending_writes.popleft()

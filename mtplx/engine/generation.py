@@ -46,6 +46,7 @@ class StartPoint:
     anchor: str | None = None
     ceiling: int | None = None
     shortfall: str | None = None
+    entry_id: str | None = None  # the bank entry restored from
 
     @property
     def cached(self) -> int:
@@ -98,7 +99,8 @@ class Generation:
             state = TurnState(self.runner.new_trunk_cache(), self.runner.new_mtp_cache() if self.use_mtp else None, [])
         cached = state.length
         self.stats.cached_tokens = cached
-        yield Restored(self.request.request_id, len(prompt), cached, start.source, start.anchor, start.ceiling, start.shortfall)
+        yield Restored(self.request.request_id, len(prompt), cached, start.source, start.anchor, start.ceiling, start.shortfall,
+                       entry_id=start.entry_id)
         if cached >= len(prompt):  # nothing to compute: back off one token so there is a last hidden
             raise ValueError(f"start state holds {cached} tokens, more than the {len(prompt) - 1} a restore may cover")
         t0 = time.perf_counter()

@@ -44,11 +44,20 @@ def _add_reasoning_tokens(db: sqlite_utils.Database) -> None:
         db["receipts"].add_column("reasoning_tokens", int)
 
 
+def _add_request_and_entry(db: sqlite_utils.Database) -> None:
+    # the engine's request id (a TUI turn finds its receipt) and the bank entry restored from
+    for column in ("request_id", "entry_id"):
+        if column not in db["receipts"].columns_dict:
+            db["receipts"].add_column(column, str)
+    db["receipts"].create_index(["request_id"], if_not_exists=True)
+
+
 # Append-only: never edit or reorder; add a new named step instead.
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("001_create_receipts", _create),
     ("002_replay_run", _add_replay_run),
     ("003_reasoning_tokens", _add_reasoning_tokens),
+    ("004_request_and_entry", _add_request_and_entry),
 ]
 
 

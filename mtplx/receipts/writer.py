@@ -17,6 +17,12 @@ from mtplx.receipts.store import ReceiptStore
 from mtplx.reply_stream import ReplyStream
 
 
+def client_finish(finish_reason: str, tool_calls: int) -> str:
+    """The finish reason as an OpenAI client saw it: a reply that called a tool ended in
+    `tool_calls`; "cancelled" stays (the client saw no finish at all)."""
+    return "tool_calls" if tool_calls and finish_reason == "stop" else finish_reason
+
+
 def receipt_id() -> str:
     """Sortable by time: nanoseconds since the epoch, then randomness."""
     import time
@@ -24,9 +30,22 @@ def receipt_id() -> str:
     return f"r{time.time_ns():019d}{os.urandom(3).hex()}"
 
 
+BODY_LIMIT = 256 * 1024  # characters of raw request kept; a longer one keeps its head and says so
+
+
+def bounded_body(raw: str, limit: int = BODY_LIMIT) -> str:
+    if len(raw) <= limit:
+        return raw
+    return json.dumps({"truncated": True, "chars": len(raw), "head": raw[:limit]})
+
+
 class ReceiptWriter:
-    def __init__(self, store: ReceiptStore, model: str, identity: str):
+    def __init__(self, store: ReceiptStore, model: str, identity: str, keep_body: bool | None = None):
+        """`keep_body`: store the raw request (bounded); default on, off with MTPLX_RECEIPT_BODY=off."""
         self.store, self.model, self.identity = store, model, identity
+        if keep_body is None:
+            keep_body = os.environ.get("MTPLX_RECEIPT_BODY", "on").lower() not in ("off", "0", "no", "false")
+        self.keep_body = keep_body
         self.open: dict[str, dict] = {}
         self.lock = threading.Lock()
         self.last_id: str | None = None
@@ -34,6 +53,17 @@ class ReceiptWriter:
     def __call__(self, event: EngineEvent) -> None:
         with self.lock:
             self._fold(event)
+
+    def _body(self, request) -> str:
+        """The request as its client sent it; for in-process callers (TUI chat, replay screen) that
+        send no body, the chat they rendered. Bounded, or only its size when bodies are off."""
+        raw = request.raw
+        if raw is None and request.chat:
+            raw = json.dumps({"messages": request.chat.get("messages"), "tools": request.chat.get("tools"),
+                              "max_tokens": getattr(request.sampling, "max_tokens", None)}, default=str)
+        if raw is None or not self.keep_body:
+            return json.dumps({"prompt_tokens": len(request.prompt), "body": "not kept" if raw else "none"})
+        return bounded_body(raw)
 
     def _fold(self, event: EngineEvent) -> None:
         rid = event.request_id
@@ -46,7 +76,7 @@ class ReceiptWriter:
             self.open[rid] = {"t0": event.t, "reply": ReplyStream(), "row": {
                 "id": receipt_id(), "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
                 "session": r.session, "source": r.source, "model": self.model, "model_identity": self.identity,
-                "arm": r.arm, "prompt_tokens": len(r.prompt), "request_json": r.raw or json.dumps({"prompt_tokens": len(r.prompt)}),
+                "arm": r.arm, "prompt_tokens": len(r.prompt), "request_id": rid, "request_json": self._body(r),
             }}
             return
         state = self.open.get(rid)
@@ -55,17 +85,19 @@ class ReceiptWriter:
         row = state["row"]
         if isinstance(event, Restored):
             row.update(ceiling=event.ceiling, cached_tokens=event.cached_tokens, restore_source=event.source,
-                       anchor=event.anchor, shortfall=event.shortfall)
+                       anchor=event.anchor, shortfall=event.shortfall, entry_id=event.entry_id)
         elif isinstance(event, FirstToken):
             row["ttft_first_token_s"] = event.ttft_s
-        elif isinstance(event, Tokens) and "ttft_first_visible_s" not in row:
-            if any(p.kind == "content" for p in state["reply"].feed(event.text)):
+        elif isinstance(event, Tokens):  # the whole reply: its tool calls decide the client's finish
+            if any(p.kind == "content" for p in state["reply"].feed(event.text)) and "ttft_first_visible_s" not in row:
                 row["ttft_first_visible_s"] = event.t - state["t0"]
         elif isinstance(event, (Finished, Failed)):
             self.open.pop(rid)
             if isinstance(event, Finished):
                 s = event.stats
-                row.update(completion_tokens=event.completion_tokens, finish_reason=event.finish_reason,
+                state["reply"].feed("", final=True)
+                finish = client_finish(event.finish_reason, state["reply"].tool_calls)
+                row.update(completion_tokens=event.completion_tokens, finish_reason=finish,
                            output_sha256=hashlib.sha256(event.text.encode()).hexdigest(),
                            prefill_tps=s.get("prefill_tps"), decode_tps=s.get("decode_tps"), mode=s.get("mode"),
                            depth=s.get("depth"), tau=s.get("tau"),

@@ -1,4 +1,5 @@
-"""Past receipts from the store, newest first, filterable by any text in a row."""
+"""Past receipts from the store, newest first, filterable by any text in a row; enter opens one
+(its numbers, raw request and, when this session saw it, the entry it restored from)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input
 
-COLUMNS = ("id", "utc", "source", "session", "prompt", "ceiling", "cached", "TTFT s", "tok/s", "finish", "shortfall")
+from mtplx.bank.spans import reuse_ratio
+
+# the key numbers first, so TTFT stays on screen at 80 columns; the id (for `receipts show`) last
+COLUMNS = ("utc", "session", "src", "prompt", "ceil", "cached", "ratio", "TTFT s", "tok/s", "finish", "id", "shortfall")
+
+
+def cells(r: dict) -> tuple[str, ...]:
+    f = lambda v, spec="": "-" if v is None else format(v, spec)
+    ratio = reuse_ratio(r.get("cached_tokens"), r.get("ceiling"))
+    return ((r["created_utc"] or "")[11:19], (r["session"] or "-")[:10], (r["source"] or "-")[:6], f(r["prompt_tokens"]),
+            f(r["ceiling"]), f(r["cached_tokens"]), f(ratio, ".2f"), f(r["ttft_first_token_s"], ".3f"),
+            f(r["decode_tps"], ".1f"), r["finish_reason"] or "-", r["id"][:14], (r["shortfall"] or "")[:40])
 
 
 class ReceiptsScreen(Screen):
@@ -17,15 +29,17 @@ class ReceiptsScreen(Screen):
         super().__init__()
         self.store = store
         self.rows: list[dict] = []
+        self.shown: list[dict] = []
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
-        yield Input(placeholder="filter (any text in a row)", id="filter")
+        yield Input(placeholder="filter (any text in a row); enter on a row opens it", id="filter")
         yield DataTable(id="receipts", cursor_type="row")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one(DataTable).add_columns(*COLUMNS)
+        self.query_one(DataTable).focus()
         self.load()
 
     @work(thread=True)
@@ -46,10 +60,18 @@ class ReceiptsScreen(Screen):
     def fill(self, needle: str) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        f = lambda v, spec="": "-" if v is None else format(v, spec)
+        self.shown = []
         for r in self.rows:
-            cells = (r["id"][:14], (r["created_utc"] or "")[11:19], r["source"] or "-", (r["session"] or "-")[:14],
-                     f(r["prompt_tokens"]), f(r["ceiling"]), f(r["cached_tokens"]), f(r["ttft_first_token_s"], ".3f"),
-                     f(r["decode_tps"], ".1f"), r["finish_reason"] or "-", (r["shortfall"] or "")[:40])
-            if needle.lower() in " ".join(cells).lower():
-                table.add_row(*cells)
+            row = cells(r)
+            if needle.lower() in " ".join(row).lower():
+                table.add_row(*row)
+                self.shown.append(r)
+
+    @on(DataTable.RowSelected, "#receipts")
+    def open_row(self, event: DataTable.RowSelected) -> None:
+        from tui.screens.turn import TurnScreen
+
+        if 0 <= event.cursor_row < len(self.shown):
+            row = self.shown[event.cursor_row]
+            known = getattr(getattr(self.app, "dashboard", None), "known", {})
+            self.app.push_screen(TurnScreen.for_receipt(row, known.get(row.get("entry_id") or "")))

@@ -119,7 +119,7 @@ class ReplayScreen(Screen):
         ratio = reuse_ratio(restored.cached_tokens, restored.ceiling) if restored else None
         f = lambda v, spec="": "-" if v is None else format(v, spec)
         self.query_one("#replay-turns", DataTable).add_row(
-            str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens), f(ratio, ".3f"),
+            str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens), f(ratio, ".2f"),
             restored.source, restored.anchor or "-", f(finished.stats.get("ttft_s") if finished else None, ".3f"),
             restored.shortfall or "")
         self.status(f"{self.transcript.name}: turn {self.cursor}/{len(self.transcript.turns)} done")

@@ -12,9 +12,10 @@ STYLE = {"head": "bold magenta", "message": "bold cyan", "prompt_end": "bold yel
          "grid": "dim"}
 
 
-def anchor_map(entry: dict, width: int) -> Text:
+def anchor_map(entry: dict, width: int, restore: int | None = None) -> Text:
     """Three lines: the bar (anchors, '|' checkpoints, the restore point reverse-highlighted), a
-    scale with the entry's length and a caret under the restore point, and a summary."""
+    scale with the entry's length and a caret under the restore point, and a summary. `restore`
+    is the point to highlight (a selected turn's); without it, the entry's latest restore."""
     length = max(entry["tokens"], 1)
     scale = lambda p: min(width - 1, p * width // length)
     cells: list[tuple[str, str]] = [("─", "dim")] * width
@@ -23,7 +24,7 @@ def anchor_map(entry: dict, width: int) -> Text:
     for p, kind in entry["anchors"]:
         if p <= length:
             cells[scale(p)] = (GLYPH.get(kind, "?"), STYLE.get(kind, ""))
-    restore = entry.get("last_restore")
+    restore = entry.get("last_restore") if restore is None else restore
     text = Text()
     for i, (glyph, style) in enumerate(cells):
         if restore is not None and i == scale(restore):
@@ -42,20 +43,27 @@ def anchor_map(entry: dict, width: int) -> Text:
     for ch in scale_line:
         text.append(ch, style="reverse bold red" if ch == "▲" else "")
     where = f"restored up to {restore} (▲)" if restore is not None else "never restored"
-    text.append(f"\n{entry['session'] or '-'}: {where}; {entry['tokens']} tokens, {len(entry['anchors'])} anchors, "
+    kind = " (render-ahead)" if entry.get("origin") == "render_ahead" else ""
+    text.append(f"\n{entry['id']} {entry['session'] or '-'}{kind}: {where}; {entry['tokens']} tokens, {len(entry['anchors'])} anchors, "
                 f"{len(entry['checkpoints'])} checkpoints", style="dim")
+    text.no_wrap, text.overflow = True, "ellipsis"  # three lines always, however narrow
     return text
 
 
 class AnchorMap(Static):
+    """Draws either the entry highlighted in the bank table (its latest restore) or the entry a
+    selected turn restored from (the point that turn cut at), whichever was chosen last."""
+
     entry: dict | None = None
+    restore: int | None = None
 
     def on_mount(self) -> None:
-        self.border_title = "anchor map (select an entry)"
+        self.border_title = "anchor map (select an entry or a turn)"
         self.update("no entry selected")
 
-    def show(self, entry: dict | None) -> None:
-        self.entry = entry
+    def show(self, entry: dict | None, restore: int | None = None, title: str | None = None) -> None:
+        self.entry, self.restore = entry, restore
+        self.border_title = title or (f"anchor map · entry {entry['id']}" if entry else "anchor map")
         self.refresh_map()
 
     def on_resize(self) -> None:
@@ -65,4 +73,4 @@ class AnchorMap(Static):
         if self.entry is None:
             self.update("no entry selected")
         else:
-            self.update(anchor_map(self.entry, max(self.content_size.width, 16)))
+            self.update(anchor_map(self.entry, max(self.content_size.width, 16), self.restore))
