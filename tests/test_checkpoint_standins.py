@@ -344,3 +344,18 @@ def test_server_defaults_come_from_generation_config(built, engines):
     finally:
         engine.listeners.remove(listener)
     assert (seen[0].temperature, seen[0].top_p) == (0.6, 0.9) and (seen[1].temperature, seen[1].top_p) == (0.1, 0.9)
+
+
+def test_models_lists_the_hub_cache_without_importing_mlx(built):
+    """`mtplx models` reads files only: it lists the cached hub id (with its notice) and never
+    imports MLX."""
+    if "hub-id" not in built[0]:
+        pytest.skip("needs the real Qwen3 tokenizer in ../shared/fixtures/tokenizers/qwen3 (absent)")
+    code = ("import json, sys; from typer.testing import CliRunner; from mtplx.cli import app; "
+            "r = CliRunner().invoke(app, ['models', '--json']); "
+            "print(json.dumps([[x['name'], x['mtp_notice']] for x in json.loads(r.output)] + [any(m == 'mlx' or "
+            "m.startswith('mlx.') for m in sys.modules)]))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    *rows, imported = json.loads(run.stdout.strip().splitlines()[-1])
+    assert [HUB_ID, "no MTP head in this checkpoint: decoding autoregressively"] in rows and not imported
