@@ -98,12 +98,18 @@ def check_serve(model) -> bool:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
+        deadline = time.time() + 300
+        while True:
+            if proc.poll() is not None or time.time() > deadline:
+                print(f"serve {model} did not come up: {proc.stderr.read() if proc.poll() is not None else 'timeout'}",
+                      file=sys.stderr)
+                return False
             try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.5)
         tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
             "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
         call = {"id": "c0", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
@@ -141,11 +147,11 @@ def check_tui(model, mtp) -> bool:
         return False
 
     try:
-        if not wait_for("no turns yet", 90):
+        if not wait_for("no turns yet", 240):
             return False
         header_ok = mtp or "decoding autoregressively" in screen()
         subprocess.run(["tmux", "send-keys", "-t", session, "hello there", "Enter"])
-        return header_ok and wait_for("done:", 90)
+        return header_ok and wait_for("done:", 240)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
