@@ -119,3 +119,15 @@ def test_qwen35_call_round_trips_through_the_server(qwen35):
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_0", "content": "ok"}]}],
             "tools": [{"name": "edit_file", "input_schema": TOOLS[0]["function"]["parameters"]}]})
         assert r.status_code == 200, r.text
+
+
+def test_qwen35_call_becomes_openai_tool_calls():
+    """What the server returns for a Qwen3.5-format reply: an OpenAI tool call with JSON arguments."""
+    from mtplx.events import Finished
+    from mtplx.server.openai_response import completion
+
+    fin = Finished("r", "stop", 10, 30, 0, "<think>\nok\n</think>\n\n" + XML_CALL, (), {})
+    message = completion("m", fin, in_reasoning=False)["choices"][0]["message"]
+    call = message["tool_calls"][0]["function"]
+    assert call["name"] == "edit_file" and json.loads(call["arguments"])["path"] == "src/a.py"
+    assert message["reasoning_content"] == "ok" and not message["content"]
