@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from mtplx.bank.watch import BankWatch
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, Restored, Tokens, event_dict
 from mtplx.server import anthropic_map, openai_response, responses
@@ -57,7 +58,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     app.state.metrics, app.state.encode_cache = metrics, cache
     recorder = Recorder.from_env()
     rules = ToolRules(tokenizer, engine.eos_ids)
-    signer = Signer.at(home_path("signing.key"))
+    signer = Signer(lambda: home_path("signing.key"))
     response_store = responses.ResponseStore()
 
     def limit() -> int:
@@ -138,6 +139,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 engine.listeners.remove(push)
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+    bank_watch = BankWatch(engine)  # the bank's summary as of its last event, readable mid-request
+    engine.listeners.append(bank_watch)
+
+    @app.get("/v1/mtplx/bank")
+    async def bank_entries():
+        return {"entries": await asyncio.to_thread(bank_watch.latest)}
 
     # -- OpenAI -----------------------------------------------------------------------------
     @app.post("/v1/chat/completions")

@@ -9,25 +9,22 @@ import hashlib
 import hmac
 import os
 from pathlib import Path
+from typing import Callable
 
 PREFIX = "mtplx1."
 
 
 class Signer:
-    def __init__(self, key: bytes):
-        self.key = key
+    """`where()` gives the key file: asked on first use, so building an app writes nothing."""
 
-    @classmethod
-    def at(cls, path: Path) -> "Signer":
-        """The install's key at `path`, created (0600) on first use."""
-        try:
-            return cls(path.read_bytes())
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(os.urandom(32))
-            return cls(path.read_bytes())
+    def __init__(self, where: Callable[[], Path] | None = None, key: bytes | None = None):
+        self.where, self._key = where, key
+
+    @property
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = _load_or_create(self.where())
+        return self._key
 
     def sign(self, thinking: str) -> str:
         mac = hmac.new(self.key, thinking.encode("utf-8"), hashlib.sha256).digest()
@@ -35,3 +32,15 @@ class Signer:
 
     def verify(self, thinking: str, signature) -> bool:
         return isinstance(signature, str) and hmac.compare_digest(self.sign(thinking), signature)
+
+
+def _load_or_create(path: Path) -> bytes:
+    """The install's key at `path`, created (0600) on first use."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(os.urandom(32))
+        return path.read_bytes()

@@ -89,5 +89,7 @@ class ToolRules:
             return ToolRule("never", self.open)
         head = ()
         if choice.name:
-            head = tuple(self.tokenizer.encode(f'\n{{"name": "{choice.name}", "arguments": ', add_special_tokens=False))
+            # Up to the colon: the space and the arguments' opening brace are one token in the
+            # model's own calls, so the head stops before them.
+            head = tuple(self.tokenizer.encode(f'\n{{"name": "{choice.name}", "arguments":', add_special_tokens=False))
         return ToolRule("required", self.open, self.eos_ids, head, self.think, starts_in_reasoning, self.blank)

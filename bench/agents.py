@@ -1,0 +1,192 @@
+"""Real agent CLIs against a fresh `mtplx serve`, each with its default settings (only base URL,
+API key and model name configured), two non-interactive turns each, the second continuing the
+first's session. Prints one row per client: version, requests, statuses, cached tokens per
+later turn against the bank's reuse ceiling, errors. Not part of CI (slow; needs npm).
+
+    python bench/agents.py [--clients claude,codex,opencode,pi,qwen] [--context-window 65536]
+                           [--cache ~/.cache/mtplx-agents] [--record DIR]
+
+The CLIs are installed from npm into --cache. Every client runs in a scratch git repository and
+a scratch HOME, pointed at 127.0.0.1 only. --record keeps each request (MTPLX_RECORD_DIR) per
+client, the material of tests/fixtures/clients/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+PACKAGES = {"opencode": "opencode-ai", "pi": "@mariozechner/pi-coding-agent", "claude": "@anthropic-ai/claude-code",
+            "qwen": "@qwen-code/qwen-code", "codex": "@openai/codex"}
+TURNS = ("What does app.py do? Answer in one sentence.", "Now suggest one improvement to it.")
+MODEL = "tiny-dense"
+
+
+def install(cache: Path) -> dict[str, str]:
+    bin_dir = cache / "node_modules" / ".bin"
+    missing = [pkg for name, pkg in PACKAGES.items() if not (bin_dir / name).exists()]
+    if missing:
+        subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund", *missing], check=True)
+    versions = {}
+    for name in PACKAGES:
+        done = subprocess.run([str(bin_dir / name), "--version"], capture_output=True, text=True, timeout=60)
+        out = done.stdout + done.stderr
+        versions[name] = (re.findall(r"\d+\.\d+\.\d+", out) or ["?"])[0]
+    return versions
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scratch_repo(root: Path) -> Path:
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    (repo / "app.py").write_text("def main():\n    print('hello')\n\n\nif __name__ == '__main__':\n    main()\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=bench@mtplx", "-c", "user.name=bench"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "init"], check=True)
+    return repo
+
+
+def client_setup(name: str, home: Path, url: str) -> tuple[dict, list[list[str]]]:
+    """Environment and the two turns' argv: only base URL, key and model are configured."""
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share")}
+    v1 = url + "/v1"
+    if name == "claude":
+        env |= {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "x"}
+        return env, [["claude", "-p", TURNS[0], "--model", MODEL], ["claude", "-c", "-p", TURNS[1], "--model", MODEL]]
+    if name == "codex":
+        codex_home = home / ".codex"
+        codex_home.mkdir(parents=True)
+        (codex_home / "config.toml").write_text(
+            f'model = "{MODEL}"\nmodel_provider = "mtplx"\n\n[model_providers.mtplx]\nname = "mtplx"\n'
+            f'base_url = "{v1}"\nenv_key = "MTPLX_KEY"\nwire_api = "responses"\n')
+        env |= {"CODEX_HOME": str(codex_home), "MTPLX_KEY": "x"}
+        return env, [["codex", "exec", "--skip-git-repo-check", TURNS[0]],
+                     ["codex", "exec", "--skip-git-repo-check", "resume", "--last", TURNS[1]]]
+    if name == "qwen":
+        env |= {"OPENAI_BASE_URL": v1, "OPENAI_API_KEY": "x", "OPENAI_MODEL": MODEL}
+        return env, [["qwen", TURNS[0]], ["qwen", "-c", TURNS[1]]]
+    if name == "pi":
+        agent = home / ".pi" / "agent"
+        agent.mkdir(parents=True)
+        (agent / "models.json").write_text(json.dumps({"providers": {"mtplx": {
+            "baseUrl": v1, "api": "openai-completions", "apiKey": "x", "models": [{"id": MODEL}]}}}))
+        return env, [["pi", "--provider", "mtplx", "--model", MODEL, "-p", TURNS[0]],
+                     ["pi", "--provider", "mtplx", "--model", MODEL, "-c", "-p", TURNS[1]]]
+    if name == "opencode":
+        config = home / ".config" / "opencode"
+        config.mkdir(parents=True)
+        (config / "opencode.json").write_text(json.dumps({"$schema": "https://opencode.ai/config.json", "provider": {"mtplx": {
+            "npm": "@ai-sdk/openai-compatible", "name": "mtplx", "options": {"baseURL": v1, "apiKey": "x"},
+            "models": {MODEL: {"name": MODEL}}}}}))
+        model = f"mtplx/{MODEL}"
+        return env, [["opencode", "run", "-m", model, TURNS[0]], ["opencode", "run", "-c", "-m", model, TURNS[1]]]
+    raise SystemExit(f"unknown client {name}")
+
+
+def serve(port: int, home: Path, window: int, record: Path | None) -> subprocess.Popen:
+    env = dict(os.environ, MTPLX_HOME=str(home))
+    if record:
+        env["MTPLX_RECORD_DIR"] = str(record)
+    proc = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", "--port", str(port), "--context-window", str(window),
+                             "--no-ssd", "-m", MODEL], env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("mtplx serve did not start")
+
+
+def statuses(url: str) -> dict[str, int]:
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    out = {}
+    for route, status, n in re.findall(r'mtplx_requests_total\{route="([^"]+)",status="(\d+)"\} (\d+)', text):
+        if route.startswith("/v1/") and route != "/v1/models":
+            out[status] = out.get(status, 0) + int(n)
+    return out
+
+
+def receipts(home: Path) -> list[dict]:
+    db = home / "receipts.db"
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    rows = [dict(r) for r in con.execute("select session, prompt_tokens, ceiling, cached_tokens, created_utc from receipts "
+                                          "where source = 'api' order by created_utc")]
+    con.close()
+    return rows
+
+
+def run_client(name: str, version: str, cache: Path, window: int, timeout: float, record: Path | None) -> dict:
+    root = Path(tempfile.mkdtemp(prefix=f"mtplx-agent-{name}-"))
+    home, mtplx_home = root / "home", root / "mtplx"
+    home.mkdir()
+    repo = scratch_repo(root)
+    port = free_port()
+    server = serve(port, mtplx_home, window, record / name if record else None)
+    url = f"http://127.0.0.1:{port}"
+    env, turns = client_setup(name, home, url)
+    env = dict(os.environ, **env, PATH=f"{cache / 'node_modules' / '.bin'}{os.pathsep}{os.environ['PATH']}")
+    errors, turn_rows = [], []
+    try:
+        for i, argv in enumerate(turns):
+            before = len(receipts(mtplx_home))
+            try:
+                done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout,
+                                      stdin=subprocess.DEVNULL)
+                if done.returncode:
+                    errors.append(f"turn {i + 1} exit {done.returncode}: {(done.stderr or done.stdout).strip()[-160:]}")
+            except subprocess.TimeoutExpired:
+                errors.append(f"turn {i + 1} timed out after {timeout:.0f}s")
+            turn_rows.append(receipts(mtplx_home)[before:])
+        codes = statuses(url)
+    finally:
+        server.terminate()
+        server.wait(30)
+    later = [r for rows in turn_rows[1:] for r in rows]
+    cached, ceiling = sum(r["cached_tokens"] or 0 for r in later), sum(r["ceiling"] or 0 for r in later)
+    return {"client": name, "version": version, "requests": sum(codes.values()), "statuses": codes,
+            "turn2": f"{cached}/{ceiling}" + (f" ({cached / ceiling:.3f})" if ceiling else ""),
+            "turn2_requests": len(later), "errors": errors}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", default=",".join(PACKAGES))
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mtplx-agents")
+    parser.add_argument("--context-window", type=int, default=65536)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per turn")
+    parser.add_argument("--record", type=Path, default=None)
+    args = parser.parse_args()
+    versions = install(args.cache)
+    rows = []
+    for name in args.clients.split(","):
+        rows.append(run_client(name, versions[name], args.cache, args.context_window, args.timeout, args.record))
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{'client':<9} {'version':<9} {'requests':>8}  {'statuses':<16} {'turn 2 cached/ceiling':<24} errors")
+    for r in rows:
+        codes = " ".join(f"{k}x{v}" for k, v in sorted(r["statuses"].items()))
+        print(f"{r['client']:<9} {r['version']:<9} {r['requests']:>8}  {codes:<16} {r['turn2']:<24} {'; '.join(r['errors']) or '-'}")
+
+
+if __name__ == "__main__":
+    main()
