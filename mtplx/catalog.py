@@ -127,7 +127,7 @@ def describe(path: Path, name: str | None = None) -> dict:
     tensors: dict = {}
     for wf in sorted(path.glob("model*.safetensors")):
         tensors.update(safetensors_header(wf))
-    count = lambda keys: sum(_numel(tensors[k]["shape"]) for k in keys)
+    count = lambda keys: sum(_parameters(k, tensors, config.get("quantization")) for k in keys)
     head = set(mtp_keys(tensors, config))
     runs_on = supported_architecture(config)
     template = ""
@@ -175,6 +175,20 @@ def mtp_notice(config: dict, has_head: bool, runs_on: str | None = "") -> str | 
                 f"{', '.join(MTP_FAMILIES)}): decoding autoregressively")
     hint = " (mlx_lm.convert drops mtp.*; `mtplx convert` keeps it)" if model_type in MTP_FAMILIES[1:] else ""
     return f"no MTP head in this checkpoint{hint}: decoding autoregressively"
+
+
+def _parameters(key: str, tensors: dict, quantization: dict | None) -> int:
+    """Parameters a tensor stands for: a packed weight's unpacked size (its input width is its
+    scales' groups times the group size, per layer where the config says so); scales and biases
+    of quantized layers count as none."""
+    shape = tensors[key]["shape"]
+    base = key.rsplit(".", 1)[0]
+    if quantization and (key.endswith((".scales", ".biases")) and f"{base}.weight" in tensors):
+        return 0
+    if quantization and tensors[key]["dtype"] == "U32" and f"{base}.scales" in tensors:
+        group = (quantization.get(base) if isinstance(quantization.get(base), dict) else quantization).get("group_size", 64)
+        return _numel(shape[:-1]) * tensors[f"{base}.scales"]["shape"][-1] * group
+    return _numel(shape)
 
 
 def _numel(shape: list[int]) -> int:
