@@ -224,3 +224,22 @@ def test_models_report_the_context_window(url):
     model = httpx.get(url + "/v1/models").json()["data"][0]
     assert model["context_window"] == model["max_model_len"] == 8192
     assert model["max_position_embeddings"] == 8192 and model["trained_window"] == 2048
+
+
+def test_reasoning_sealed_for_codex_comes_back_as_reasoning():
+    from mtplx.server.responses import to_messages
+    from mtplx.server.signature import Signer
+
+    signer = Signer(key=b"k" * 32)
+    blob = signer.seal("I should read the file first.")
+    assert blob.startswith("mtplx1.") and signer.unseal(blob) == "I should read the file first."
+    assert Signer(key=b"j" * 32).unseal(blob) is None and signer.unseal(blob[:-4] + "AAAA") is None
+    # Codex sends back a reasoning item with only the opaque blob, then the call it preceded
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK}]},
+             {"type": "reasoning", "summary": [], "encrypted_content": blob},
+             {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": '{"path":"a.py"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "x = 1"}]
+    messages = to_messages({"instructions": "You are Codex.", "input": items}, [], signer)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[2]["reasoning_content"] == "I should read the file first."
+    assert messages[2]["tool_calls"][0]["function"]["arguments"] == '{"path": "a.py"}'

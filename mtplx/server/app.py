@@ -211,10 +211,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     @app.post("/v1/responses")
     async def responses_route(request: Request):
         raw, body = await body_of(request)
-        call = responses.parse_response_call(body, defaults, limit(), response_store)
+        call = responses.parse_response_call(body, defaults, limit(), response_store, signer)
         prompt = encode(engine, cache, call, "responses", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
-        built = responses.ResponseStream(model_name, starts_in_reasoning(tokenizer, prompt), body)
+        built = responses.ResponseStream(model_name, starts_in_reasoning(tokenizer, prompt), body, signer)
 
         def keep(fin):  # what a follow-up naming this response renders as its history
             response_store.put(built.id, call.messages + responses.output_messages(built.output))

@@ -22,6 +22,7 @@ from mtplx.reply_stream import Piece, ReplyStream
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import OPENAI_MEDIA, placeholder
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
+from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import from_openai
 
@@ -66,7 +67,7 @@ def _text(content, p: str) -> str:
     return "".join(parts)
 
 
-def to_messages(body: dict, previous: list[dict]) -> list[dict]:
+def to_messages(body: dict, previous: list[dict], signer: Signer | None = None) -> list[dict]:
     out = list(previous)
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions and not previous:
@@ -88,8 +89,11 @@ def to_messages(body: dict, previous: list[dict]) -> list[dict]:
                 turn = {"role": "assistant", "content": ""}
                 out.append(turn)
             if kind == "reasoning":
-                parts = item.get("content") or item.get("summary") or []
-                text = _text(parts, f"{p}.content")
+                # Readable content first; else our own sealed blob (Codex keeps only that); else a summary.
+                sealed = signer.unseal(item.get("encrypted_content")) if signer else None
+                text = _text(item["content"], f"{p}.content") if item.get("content") else sealed
+                if text is None:
+                    text = _text(item.get("summary") or [], f"{p}.summary")
                 turn["reasoning_content"] = (turn.get("reasoning_content", "") + "\n\n" + text).strip("\n") if text else turn.get("reasoning_content", "")
             elif kind == "function_call":
                 if not isinstance(item.get("name"), str):
@@ -136,11 +140,12 @@ def to_tools(raw) -> list[dict] | None:
     return tools or None
 
 
-def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store: ResponseStore) -> ChatCall:
+def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store: ResponseStore,
+                        signer: Signer | None = None) -> ChatCall:
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise bad_request("previous_response_id must be a string", "previous_response_id")
-    messages = to_messages(body, store.get(previous) if previous else [])
+    messages = to_messages(body, store.get(previous) if previous else [], signer)
     tools = to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
     if body.get("max_output_tokens") is not None:
@@ -181,7 +186,8 @@ def output_messages(output: list[dict]) -> list[dict]:
 class ResponseStream:
     """Builds the Responses API objects and stream events of one response."""
 
-    def __init__(self, model: str, in_reasoning: bool, body: dict):
+    def __init__(self, model: str, in_reasoning: bool, body: dict, signer: Signer | None = None):
+        self.signer = signer
         self.id = "resp_" + uuid.uuid4().hex[:24]
         self.model, self.created, self.body = model, int(time.time()), body
         self.reply = ReplyStream(in_reasoning)
@@ -218,6 +224,8 @@ class ResponseStream:
             out += [self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=part["text"]),
                     self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)]
         elif item["type"] == "reasoning":
+            if self.signer is not None:
+                item["encrypted_content"] = self.signer.seal(item["content"][0]["text"])
             out.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
                                    text=item["content"][0]["text"]))
         return out + [self._event("response.output_item.done", output_index=index, item=item)]

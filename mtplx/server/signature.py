@@ -33,6 +33,22 @@ class Signer:
     def verify(self, thinking: str, signature) -> bool:
         return isinstance(signature, str) and hmac.compare_digest(self.sign(thinking), signature)
 
+    def seal(self, thinking: str) -> str:
+        """The text with its signature, for clients that keep only an opaque blob (the Responses
+        API's `encrypted_content`, which Codex sends back while dropping the readable text)."""
+        return self.sign(thinking) + "." + base64.urlsafe_b64encode(thinking.encode("utf-8")).decode()
+
+    def unseal(self, blob) -> str | None:
+        """The text of a blob this install sealed, else None."""
+        if not isinstance(blob, str) or not blob.startswith(PREFIX) or blob.count(".") < 2:
+            return None
+        signature, data = blob.rsplit(".", 1)
+        try:
+            text = base64.urlsafe_b64decode(data.encode()).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return text if self.verify(text, signature) else None
+
 
 def _load_or_create(path: Path) -> bytes:
     """The install's key at `path`, created (0600) on first use."""
