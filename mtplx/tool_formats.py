@@ -20,7 +20,6 @@ from typing import Callable
 
 _FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
-_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
 @dataclass(frozen=True)
@@ -63,15 +62,17 @@ def _tagged_body(body: str, tools: list | None) -> list[ToolCall]:
 
 
 def _xml_arguments(name: str, inner: str, tools: list | None) -> dict:
-    """Parameter values are text; a tool schema that types a parameter as non-string decides
-    whether the text is read as JSON (numbers, booleans, objects), as Qwen's own parser does."""
+    """Parameter values are text. Only a tool schema that types a parameter as something else
+    (integer, boolean, object, ...) makes the text be read as JSON, as Qwen's own parser does:
+    without one, text stays text, so sending the call back re-renders exactly what the model wrote
+    (`true` would come back from the template as `True`, `1.50` as `1.5`)."""
     schema = _properties(name, tools)
     out = {}
     for key, value in _PARAMETER.findall(inner):
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
-        kind = str((schema.get(key) or {}).get("type", "string" if schema else "")).lower()
-        if kind not in ("string", "str", "text", "") or (not schema and _looks_like_json(value)):
+        kind = str((schema.get(key) or {}).get("type", "string")).lower()
+        if kind not in ("string", "str", "text", "enum"):
             try:
                 out[key] = json.loads(value)
                 continue
@@ -79,11 +80,6 @@ def _xml_arguments(name: str, inner: str, tools: list | None) -> dict:
                 pass
         out[key] = value
     return out
-
-
-def _looks_like_json(value: str) -> bool:
-    # Without a schema only unambiguous non-strings are converted; anything else stays text.
-    return value in ("true", "false", "null") or bool(_NUMBER.fullmatch(value))
 
 
 def _properties(name: str, tools: list | None) -> dict:

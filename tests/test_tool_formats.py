@@ -34,9 +34,9 @@ def test_xml_call_streamed_in_small_chunks():
     assert json.loads(call.arguments) == {"path": "src/a.py", "line": 12, "text": "x = 1\ny = [2]"}
 
 
-def test_xml_values_without_a_schema_stay_text_unless_unambiguous():
+def test_xml_values_without_a_schema_stay_text():
     call = _stream(XML_CALL)[-1]
-    assert json.loads(call.arguments) == {"path": "src/a.py", "line": 12, "text": "x = 1\ny = [2]"}
+    assert json.loads(call.arguments) == {"path": "src/a.py", "line": "12", "text": "x = 1\ny = [2]"}
 
 
 def test_json_call_and_broken_call():
