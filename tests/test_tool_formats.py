@@ -131,3 +131,30 @@ def test_qwen35_call_becomes_openai_tool_calls():
     call = message["tool_calls"][0]["function"]
     assert call["name"] == "edit_file" and json.loads(call["arguments"])["path"] == "src/a.py"
     assert message["reasoning_content"] == "ok" and not message["content"]
+
+
+def test_qwen35_tool_turn_restores_its_ceiling(qwen35):
+    """The warm turn that sends a Qwen3.5-format call back restores its whole reuse ceiling."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.bank.spans import reuse_ratio
+    from mtplx.events import Restored
+    from mtplx.server.app import create_app
+
+    seen = []
+    listener = lambda e: seen.append(e) if isinstance(e, Restored) else None
+    qwen35.listeners.append(listener)
+    history = [{"role": "system", "content": "You edit files. " * 20}, {"role": "user", "content": "Fix line 12 of src/a.py."}]
+    call = {"id": "call_0", "type": "function", "function": {"name": "edit_file", "arguments": json.dumps(
+        {"path": "src/a.py", "line": 12, "text": "x = 1"})}}
+    try:
+        with TestClient(create_app(qwen35, "qwen3_5")) as client:
+            for messages in (history, history + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                                                 {"role": "tool", "tool_call_id": "call_0", "content": "ok"}]):
+                r = client.post("/v1/chat/completions", headers={"x-session-id": "xml"},
+                                json={"messages": messages, "tools": TOOLS, "max_tokens": 8, "temperature": 0})
+                assert r.status_code == 200, r.text
+                qwen35.settle()
+    finally:
+        qwen35.listeners.remove(listener)
+    assert reuse_ratio(seen[-1].cached_tokens, seen[-1].ceiling) >= 0.99, seen[-1]
