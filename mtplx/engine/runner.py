@@ -10,6 +10,10 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mtplx.engine import gdn_capture
 from mtplx.engine.checkpoint import Checkpoint
+from mtplx.errors import ModelLoadError
+
+# Names mlx-lm's text models give their token embedding.
+_EMBEDDINGS = ("embed_tokens", "wte", "tok_embeddings", "embed_in", "word_embeddings")
 
 
 class ModelRunner:
@@ -20,10 +24,14 @@ class ModelRunner:
         # mlx-lm models expose `.model` (the text model, returning post-norm hidden states); a
         # multimodal wrapper (Gemma 3, Qwen3.5) holds it under `.language_model`.
         outer = getattr(self.model, "language_model", self.model)
-        self.inner = outer.model
-        tied = getattr(outer.args, "tie_word_embeddings", False) or getattr(outer, "tie_word_embeddings", False) \
+        self.inner = getattr(outer, "model", None)
+        self.embedding = next((getattr(self.inner, n) for n in _EMBEDDINGS if hasattr(self.inner, n)), None)
+        if self.embedding is None:
+            raise ModelLoadError(f"{checkpoint.path}: mtplx cannot run model_type {checkpoint.model_type!r}: its mlx-lm "
+                                 "class has no `.model` text model with a token embedding to compute hidden states")
+        tied = getattr(getattr(outer, "args", None), "tie_word_embeddings", False) or getattr(outer, "tie_word_embeddings", False) \
             or not hasattr(outer, "lm_head")
-        self._project = self.inner.embed_tokens.as_linear if tied else outer.lm_head
+        self._project = self.embedding.as_linear if tied else outer.lm_head
         self._head_transform = head_transform(outer)
         self.has_recurrent = any(hasattr(layer, "linear_attn") for layer in self.model.layers)
         self.can_capture = gdn_capture.install(self.model) if self.has_recurrent else True
@@ -44,7 +52,7 @@ class ModelRunner:
         return self._head_transform(self._project(hidden)).astype(mx.float32)
 
     def embed(self, tokens: list[int]) -> mx.array:
-        return self.inner.embed_tokens(mx.array([tokens]))
+        return self.embedding(mx.array([tokens]))
 
     def draft_hidden(self, hidden: mx.array, next_tokens: list[int], mtp_cache: KVCache) -> mx.array:
         """MTP head over (hidden[t], token[t+1]) pairs; returns its hidden states (1, T, H)."""
