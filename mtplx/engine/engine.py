@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mtplx.engine.request import GenerationRequest
-from mtplx.errors import EngineStopped, MtplxError, RequestError
+from mtplx.errors import EngineStopped, ModelLoadError, MtplxError, RequestError
 from mtplx.events import TERMINAL, BankDecision, EngineEvent, Failed, Finished, Queued
 
 log = logging.getLogger("mtplx.engine")
@@ -254,7 +254,9 @@ class Engine:
                 self.bank = SessionBank(self.runner, self.checkpoint.identity, self.bank_config, self.config.chunk_size, ssd)
                 self.bank.notify = lambda action, detail: self._broadcast(BankDecision(self.busy, action, detail))
         except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread
-            self._load_error = exc
+            # An unexpected error while loading is still a load error: one line, exit 2 at the CLI.
+            self._load_error = exc if isinstance(exc, MtplxError) or not isinstance(exc, Exception) else \
+                ModelLoadError(f"{self.model_path}: could not load ({type(exc).__name__}: {exc})")
             self._ready.set()
             self._release_streams()
             return
