@@ -192,14 +192,15 @@ def copy_tokenizer(src: Path, dest: Path, template: str | None = None) -> None:
 
 
 def build(kind: str, dest: Path, tokenizer_dir: Path, *, seed: int = 0, template: str | None = None,
-          generation_config: dict | None = None) -> Path:
-    """A stand-in of `kind` in Hugging Face layout at `dest`."""
+          generation_config: dict | None = None, dtype=None) -> Path:
+    """A stand-in of `kind` in Hugging Face layout at `dest` (MoE kinds in float32 unless `dtype`
+    says otherwise: MLX's CPU backend computes them in nothing else)."""
     mx.random.seed(seed)
     vocab = vocab_of(tokenizer_dir)
     config = config_for(kind, vocab)
     trunk, head, _ = _mlx_parameters(config)
-    dtype = mx.float32 if config.get("torch_dtype", config.get("text_config", {}).get("torch_dtype")) == "float32" \
-        or kind in ("qwen3_5_moe",) else mx.bfloat16
+    if dtype is None:
+        dtype = mx.float32 if config.get("torch_dtype") == "float32" or kind == "qwen3_5_moe" else mx.bfloat16
     write_sharded(dest, hf_weights(kind, config, trunk, head), dtype)
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     copy_tokenizer(tokenizer_dir, dest, template)

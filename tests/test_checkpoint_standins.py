@@ -359,3 +359,19 @@ def test_models_lists_the_hub_cache_without_importing_mlx(built):
                          cwd=Path(__file__).resolve().parents[1])
     *rows, imported = json.loads(run.stdout.strip().splitlines()[-1])
     assert [HUB_ID, "no MTP head in this checkpoint: decoding autoregressively"] in rows and not imported
+
+
+def test_bf16_moe_runs_in_float32_on_cpu_without_the_fast_path(tmp_path, monkeypatch):
+    """MLX's CPU gather_mm runs float32 only: a bf16 Qwen3.5-MoE checkpoint still generates on
+    CPU with the fp32 fast path off, because the MoE trunk (and head) are computed in float32."""
+    import mlx.core as mx
+
+    monkeypatch.setenv("MTPLX_FAST_PATH", "off")
+    path = standins.build("qwen3_5_moe", tmp_path / "moe", TINY_TOKENIZER, dtype=mx.bfloat16)
+    engine = Engine(path, EngineConfig(chunk_size=64, depth=2)).start()
+    try:
+        assert engine.checkpoint.extras["moe_float32"]
+        fin = engine.submit(GenerationRequest((5, 9, 11, 3), SamplingParams(max_tokens=6, ignore_eos=True))).result()
+        assert fin.stats["mode"] == "mtp" and len(fin.token_ids) == 6
+    finally:
+        engine.stop()
