@@ -59,6 +59,8 @@ def models(
     from mtplx.fast_path import predicted
 
     compute = predicted()  # what a model loaded here runs on (no MLX import: see mtplx/fast_path.py)
+    for r in rows:
+        r["window"] = _window_line(r)
     if as_json:
         typer.echo(json.dumps([{**r, "compute": compute} for r in rows], indent=2))
         return
@@ -69,7 +71,8 @@ def models(
         typer.echo(f"{r['name']:<14} {r['architecture']:<9} {r['parameters'] / 1e6:5.2f}M params  "
                    f"layers {r['layers']} ({r['recurrent_layers']} recurrent)  "
                    f"MTP {'yes' if r['mtp'] else 'no'}  template: {features}\n{'':<14} {r['path']}"
-                   + (f"\n{'':<14} {r['mtp_notice']}" if r.get("mtp_notice") else ""))
+                   + (f"\n{'':<14} {r['mtp_notice']}" if r.get("mtp_notice") else "")
+                   + f"\n{'':<14} {r['window']}")
 
 
 def _mtp_notice(engine) -> None:
@@ -141,6 +144,16 @@ def tune(
         tune_model(model, tokens=tokens, save=save, echo=typer.echo)
     except MtplxError as exc:
         _fail(exc)
+
+
+def _window_line(row: dict) -> str:
+    from mtplx.server.context import trained_window
+
+    trained = trained_window(Path(row["path"]))
+    row["trained_window"] = trained
+    return (f"context: {row.get('context_window') or '?'} positions"
+            + (f", trained on {trained}-token windows (serve --context-window N allows more, with degraded quality)"
+               if trained else ""))
 
 
 def _window_notice(engine) -> None:

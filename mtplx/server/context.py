@@ -9,11 +9,14 @@ is a max_tokens that is no positive integer or above 2**31-1 (a client bug, not 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mtplx.engine.sampling import SamplingParams
 from mtplx.server.api_error import bad_request
+
+if TYPE_CHECKING:  # `mtplx models` reads trained_window without importing MLX
+    from mtplx.engine.sampling import SamplingParams
 
 MAX_TOKENS_CEILING = 2**31 - 1
 
@@ -79,6 +82,4 @@ def fit(sampling: SamplingParams, prompt_tokens: int, window: int) -> Budget:
                           "context_length_exceeded")
     if sampling.max_tokens <= left:
         return Budget(sampling, sampling.max_tokens, False)
-    from dataclasses import replace
-
     return Budget(replace(sampling, max_tokens=left), sampling.max_tokens, True)
