@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 
 from mtplx.bank.watch import BankWatch
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import Failed, Finished, Restored, Tokens, event_dict
+from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
 from mtplx.server import anthropic_map, openai_response, responses
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
@@ -163,7 +163,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         async def stream():
             yield _sse(chunks.first())
             async for event in events(sub):
-                if isinstance(event, Tokens):
+                if isinstance(event, PrefillProgress):
+                    yield b": prefill\n\n"  # bytes during a long prefill keep clients' idle timers from firing
+                elif isinstance(event, Tokens):
                     for c in chunks.text(event.text):
                         yield _sse(c)
                 elif isinstance(event, Finished):
@@ -226,7 +228,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             for name, data in built.start():
                 yield _event_sse(name, data)
             async for event in events(sub):
-                if isinstance(event, Tokens):
+                if isinstance(event, PrefillProgress):
+                    yield b": prefill\n\n"
+                elif isinstance(event, Tokens):
                     for name, data in built.text(event.text):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
@@ -258,6 +262,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 if isinstance(event, Restored):  # message_start reports the cache split, known now
                     for name, data in frames.start(event.prompt_tokens, event.cached_tokens):
                         yield _event_sse(name, data)
+                elif isinstance(event, PrefillProgress):  # Anthropic's own keep-alive event
+                    yield _event_sse("ping", {"type": "ping"})
                 elif isinstance(event, Tokens):
                     for name, data in frames.text(event.text):
                         yield _event_sse(name, data)
