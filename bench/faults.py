@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from tests.test_faults import (FIRST, LONG, MODEL, Served, _damage, _fail_writes, _serve_process,  # noqa: E402
-                               second_turn)
+                               second_turn, serve_on_busy_port, sigterm_mid_stream)
 
 ROWS: list[tuple] = []
 
@@ -193,37 +192,26 @@ def engine_death_row() -> None:
 def sigterm_row() -> None:
     home = Path(tempfile.mkdtemp(prefix="mtplx-faults-"))
     proc, url = _serve_process(home)
-    body = {"model": MODEL, "messages": FIRST, "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
-    lines = []
-    with httpx.stream("POST", url + "/chat/completions", json=body, timeout=120) as response:
-        for line in filter(None, response.iter_lines()):
-            lines.append(line)
-            if len(lines) == 10:
-                proc.send_signal(signal.SIGTERM)
+    lines = sigterm_mid_stream(proc, url)
     code = proc.wait(60)
     flushed = bool(list((home / "bank").glob("*.safetensors")))
     restarted, url = _serve_process(home)
     try:
-        again = httpx.post(url + "/chat/completions", json=dict(body, stream=False, max_tokens=8), timeout=120)
+        again = httpx.post(url + "/chat/completions", json={"model": MODEL, "messages": FIRST, "max_tokens": 8,
+                                                            "temperature": 0}, timeout=120)
     finally:
         restarted.send_signal(signal.SIGTERM)
         restarted.wait(60)
     row("SIGTERM during a stream", 2, int(lines[-1] != "data: [DONE]") + int(again.status_code != 200),
         code == 0 and flushed, cached_of(again), f"(exit {code}, stream ended with [DONE], bank flushed {flushed}; "
-                                                 "after restart:)")
+                                                 "cached after a restart)")
 
 
 def busy_port_row() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        t = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "mtplx.cli", "serve", "--port", str(port)], capture_output=True,
-                              text=True, timeout=120, cwd=ROOT, env=dict(os.environ, MTPLX_HOME=tempfile.mkdtemp()))
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    row("serve on a busy port", 0, int(done.returncode != 2), done.returncode == 2 and len(lines) == 1, None,
-        f"(exit {done.returncode} in {time.perf_counter() - t:.1f}s: {lines[-1] if lines else ''})")
+    t = time.perf_counter()
+    code, lines = serve_on_busy_port(Path(tempfile.mkdtemp()))
+    row("serve on a busy port", 0, int(code != 2), code == 2 and len(lines) == 1, None,
+        f"(exit {code} in {time.perf_counter() - t:.1f}s: {lines[-1] if lines else ''})")
 
 
 def kill_row(kills: int) -> None:

@@ -366,17 +366,34 @@ def _serve_process(home: Path, *args: str) -> tuple[subprocess.Popen, str]:
     raise AssertionError("mtplx serve did not start")
 
 
+def sigterm_mid_stream(proc: subprocess.Popen, url: str) -> list[str]:
+    """Stream a long reply from `proc`, SIGTERM it after a few chunks; the SSE lines received."""
+    body = {"model": MODEL, "messages": FIRST, "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
+    lines = []
+    with httpx.stream("POST", url + "/chat/completions", json=body, timeout=120) as response:
+        for line in filter(None, response.iter_lines()):
+            lines.append(line)
+            if len(lines) == 10:
+                proc.send_signal(signal.SIGTERM)
+    return lines
+
+
+def serve_on_busy_port(home: Path) -> tuple[int, list[str]]:
+    """`mtplx serve` on a port another socket listens on: its exit code and stderr lines."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "mtplx.cli", "serve", "--port", str(port)], capture_output=True,
+                              text=True, env=dict(os.environ, MTPLX_HOME=str(home)), timeout=120,
+                              cwd=Path(__file__).resolve().parents[1])
+    return done.returncode, [line for line in done.stderr.splitlines() if line.strip()]
+
+
 def test_sigterm_during_a_stream_flushes_and_exits_0(tmp_path):
     proc, url = _serve_process(tmp_path)
     try:
-        body = {"model": MODEL, "messages": FIRST, "max_tokens": 3000, "temperature": 0, "ignore_eos": True,
-                "stream": True}
-        lines = []
-        with httpx.stream("POST", url + "/chat/completions", json=body, timeout=120) as response:
-            for line in filter(None, response.iter_lines()):
-                lines.append(line)
-                if len(lines) == 10:
-                    proc.send_signal(signal.SIGTERM)
+        lines = sigterm_mid_stream(proc, url)
         assert lines[-1] == "data: [DONE]"  # the stream was ended, not cut
         assert len([line for line in lines if line.startswith("data:")]) < 3000
         assert proc.wait(60) == 0
@@ -388,13 +405,5 @@ def test_sigterm_during_a_stream_flushes_and_exits_0(tmp_path):
 
 
 def test_busy_port_fails_fast_with_one_line(tmp_path):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        env = dict(os.environ, MTPLX_HOME=str(tmp_path))
-        done = subprocess.run([sys.executable, "-m", "mtplx.cli", "serve", "--port", str(port)], capture_output=True,
-                              text=True, env=env, timeout=120, cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 2
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "in use" in lines[0] and str(port) in lines[0]
+    code, lines = serve_on_busy_port(tmp_path)
+    assert code == 2 and len(lines) == 1 and "in use" in lines[0]

@@ -210,3 +210,23 @@ def test_sdk_errors_are_clean(server, client):
         claude.messages.create(model="tiny-dense", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
                                extra_body={"thinking": {"type": "sometimes"}})
     assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_completions_stream_and_parameter_rules(server):
+    url = server[0] + "/v1/completions"
+    body = {"model": "tiny-dense", "prompt": "import os\nimport sys\n\n\ndef main():", "max_tokens": 24, "temperature": 0}
+    whole = httpx.post(url, json=body, timeout=60).json()["choices"][0]["text"]
+    chunks, usage = [], None
+    with httpx.stream("POST", url, json=dict(body, stream=True, stream_options={"include_usage": True}), timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                data = json.loads(line[6:])
+                chunks += [c["text"] for c in data["choices"]]
+                usage = data.get("usage") or usage
+    assert "".join(chunks) == whole and usage["completion_tokens"] == 24
+    chat = server[0] + "/v1/chat/completions"
+    ask_body = {"model": "tiny-dense", "messages": ask(), "max_tokens": 4}
+    assert httpx.post(chat, json=dict(ask_body, stream_options={"include_usage": True})).status_code == 400
+    assert httpx.post(chat, json=dict(ask_body, seed=-1)).status_code == 200  # int64 seeds are valid
+    bad = httpx.post(chat, json=dict(ask_body, seed=2**70))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "seed"

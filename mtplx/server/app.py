@@ -159,23 +159,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, reasoning), request,
                                 budget_headers(call, sub))
         chunks = openai_response.ChatStream(model_name, reasoning)
-
-        async def stream():
-            yield _sse(chunks.first())
-            async for event in events(sub):
-                if isinstance(event, PrefillProgress):
-                    yield b": prefill\n\n"  # bytes during a long prefill keep clients' idle timers from firing
-                elif isinstance(event, Tokens):
-                    for c in chunks.text(event.text):
-                        yield _sse(c)
-                elif isinstance(event, Finished):
-                    for c in chunks.finish(event, call.include_usage):
-                        yield _sse(c)
-                elif isinstance(event, Failed):
-                    yield _sse(_failure(event).body())
-            yield _sse("[DONE]")
-
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
+        return StreamingResponse(_openai_sse(sub, chunks, call.include_usage, chunks.first()),
+                                 media_type="text/event-stream", headers=budget_headers(call, sub))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -194,20 +179,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if not stream:
             return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request,
                                 budget_headers(call, sub))
-        chunks = openai_response.TextCompletionStream(model_name)
-
-        async def text_stream():
-            async for event in events(sub):
-                if isinstance(event, Tokens) and event.text:
-                    yield _sse(chunks.text(event.text))
-                elif isinstance(event, Finished):
-                    for c in chunks.finish(event, include_usage):
-                        yield _sse(c)
-                elif isinstance(event, Failed):
-                    yield _sse(_failure(event).body())
-            yield _sse("[DONE]")
-
-        return StreamingResponse(text_stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
+        return StreamingResponse(_openai_sse(sub, openai_response.TextCompletionStream(model_name), include_usage),
+                                 media_type="text/event-stream", headers=budget_headers(call, sub))
 
     # -- OpenAI Responses (Codex) -----------------------------------------------------------
     @app.post("/v1/responses")
@@ -283,6 +256,24 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         return {"input_tokens": len(encode(engine, cache, call, "count_tokens", raw))}
 
     return app
+
+
+async def _openai_sse(sub, chunks, include_usage: bool, first: dict | None = None):
+    """One OpenAI stream (chat or text completion, by `chunks`), ended by [DONE]."""
+    if first is not None:
+        yield _sse(first)
+    async for event in events(sub):
+        if isinstance(event, PrefillProgress):
+            yield b": prefill\n\n"  # bytes during a long prefill keep clients' idle timers from firing
+        elif isinstance(event, Tokens):
+            for c in chunks.text(event.text):
+                yield _sse(c)
+        elif isinstance(event, Finished):
+            for c in chunks.finish(event, include_usage):
+                yield _sse(c)
+        elif isinstance(event, Failed):
+            yield _sse(_failure(event).body())
+    yield _sse("[DONE]")
 
 
 def _failure(event: Failed) -> ApiError:

@@ -95,12 +95,15 @@ class TextCompletionStream:
     def __init__(self, model: str):
         self.id, self.created, self.model = "cmpl-" + uuid.uuid4().hex[:24], int(time.time()), model
 
-    def text(self, text: str, finish: str | None = None) -> dict:
+    def _chunk(self, text: str, finish: str | None = None) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
 
+    def text(self, text: str) -> list[dict]:
+        return [self._chunk(text)] if text else []
+
     def finish(self, fin: Finished, include_usage: bool) -> list[dict]:
-        out = [self.text("", "length" if fin.finish_reason == "length" else "stop")]
+        out = [self._chunk("", "length" if fin.finish_reason == "length" else "stop")]
         if include_usage:
             out.append({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                         "choices": [], "usage": usage(fin)})
