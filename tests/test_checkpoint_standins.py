@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -375,3 +376,26 @@ def test_bf16_moe_runs_in_float32_on_cpu_without_the_fast_path(tmp_path, monkeyp
         assert fin.stats["mode"] == "mtp" and len(fin.token_ids) == 6
     finally:
         engine.stop()
+
+
+def test_hf_head_copied_into_a_converted_trunk_keeps_its_own_layout(built, tmp_path):
+    """The common repair for an MLX quant without a head: copy `mtp.*` from the Hugging Face
+    files next to the converted trunk. The head's zero-centred norms are recognised from its own
+    tensors (the trunk around it is already converted) and it loads as the converted head does."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mtplx.engine.checkpoint import load_checkpoint
+
+    dest = tmp_path / "mixed"
+    shutil.copytree(built[0]["qwen3_5-convert"], dest)
+    (dest / "model-mtp.safetensors").unlink()
+    hf = {}
+    for shard in sorted(Path(built[0]["qwen3_5-hf"]).glob("model-*.safetensors")):
+        hf.update({k: v for k, v in mx.load(str(shard)).items() if k.startswith("mtp.")})
+    mx.save_safetensors(str(dest / "model-mtp.safetensors"), hf)
+    mixed = dict(tree_flatten(load_checkpoint(dest).mtp.parameters()))
+    converted = dict(tree_flatten(load_checkpoint(built[0]["qwen3_5-convert"]).mtp.parameters()))
+    assert set(mixed) == set(converted)
+    for k in converted:
+        assert mx.abs(mixed[k].astype(mx.float32) - converted[k].astype(mx.float32)).max().item() < 1e-2, k
