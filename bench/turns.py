@@ -9,8 +9,8 @@ Per model, each run measures on every server, interleaved so machine noise hits 
   and a short tool result (`--pause` seconds after the reply, as an agent's tool run allows);
 - decode tok/s of that first reply: (completion tokens - 1) / (total - TTFT), client-side.
 
-Servers: mtplx as users get it (MTP, bank, the CPU fast path), mtplx with --no-mtp, and
-mlx_lm.server twice: with the same fast path (MKL preloaded, fp32 weights) and as it installs
+Servers: mtplx as users get it (MTP, bank, the CPU fast path), mtplx with --no-mtp, mtplx with
+MTPLX_FAST_PATH=off (what it ran before the fast path), and mlx_lm.server twice: with the same fast path (MKL preloaded, fp32 weights) and as it installs
 (bf16, the wheel's reference BLAS). TTFT is to the first generated delta, client-side, streaming.
 Prints medians and the ratios the issue asks for; speed is never asserted anywhere.
 """
@@ -105,11 +105,39 @@ def measure(client, url: str, cold, agent, pause: float) -> dict:
 
 
 @contextlib.contextmanager
+def mtplx_off(model: str):
+    """`mtplx serve` in a child process with MTPLX_FAST_PATH=off (this process already loaded MKL)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from peer_server import free_port
+
+    port, home = free_port(), tempfile.mkdtemp(prefix="mtplx-bench-home-")
+    proc = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", "--model", model, "--port", str(port)],
+                            env={**os.environ, "MTPLX_FAST_PATH": "off", "MTPLX_HOME": home},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError("mtplx serve (fast path off) exited")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextlib.contextmanager
 def servers(model: str):
     from mtplx.launch import serve_in_process
 
     mkl = fast_path.mkl_library()
-    fast_env = {"LD_PRELOAD": str(mkl), "MKL_CBWR": "AUTO,STRICT", "MKL_DYNAMIC": "FALSE"} if mkl else None
+    fast_env = {"LD_PRELOAD": str(mkl), "MKL_CBWR": "AUTO,STRICT", "MKL_DYNAMIC": "FALSE", "KMP_BLOCKTIME": "0"} if mkl else None
     with contextlib.ExitStack() as stack:
         urls = {}
         for label, arm in (("mtplx", ""), ("mtplx no-mtp", "no-mtp")):
@@ -117,6 +145,7 @@ def servers(model: str):
             stack.callback(engine.stop)
             stack.callback(server.stop)
             urls[label] = (server.url, engine.checkpoint.extras.get("compute"))
+        urls["mtplx fast path off"] = (stack.enter_context(mtplx_off(model)), "cpu bf16 reference blas")
         if fast_env:
             urls["mlx-lm fast"] = (stack.enter_context(mlx_lm_server(model, model_dir=fp32_copy(model), env=fast_env)),
                                    "cpu fp32 + mkl")
@@ -167,6 +196,10 @@ def report(model: str, urls: dict, rows: dict) -> None:
                   f"append TTFT mtplx/peer {mine['append_ttft'] / p['append_ttft']:.2f}   "
                   f"AR decode mtplx/peer {ar['decode_tps'] / p['decode_tps']:.2f}")
     print(f"  MTP/AR decode (mtplx) {mine['decode_tps'] / ar['decode_tps']:.2f}")
+    off = med.get("mtplx fast path off")
+    if off:
+        print(f"  fast path on/off (mtplx, MTP): cold TTFT {mine['cold_ttft'] / off['cold_ttft']:.2f}, "
+              f"append TTFT {mine['append_ttft'] / off['append_ttft']:.2f}, decode {mine['decode_tps'] / off['decode_tps']:.2f}x")
 
 
 if __name__ == "__main__":
