@@ -84,3 +84,18 @@ def test_the_reference_path_stays_bit_exact():
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *BITWISE], cwd=ROOT,
                          capture_output=True, text=True, env={**os.environ, fast_path.ENV: "off"}, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_models_and_health_report_the_compute_path(dense_engine):
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from mtplx.cli import app
+    from mtplx.server.app import create_app
+
+    rows = json.loads(CliRunner().invoke(app, ["models", "--json"]).stdout)
+    assert rows and all(r["compute"] == fast_path.predicted() for r in rows)
+    health = TestClient(create_app(dense_engine, "tiny-dense")).get("/health").json()
+    assert health["compute"] == dense_engine.checkpoint.extras["compute"]
+    if sys.platform == "linux" and fast_path.activate().kind == "mkl":
+        assert health["compute"] == "cpu fp32 + mkl" == fast_path.predicted()
