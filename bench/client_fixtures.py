@@ -14,7 +14,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "clients"
 KEEP_HEADERS = {"user-agent", "session-id", "thread-id", "x-claude-code-session-id", "anthropic-version", "anthropic-beta",
-                "x-session-affinity", "x-opencode-session", "originator", "content-type", "accept"}
+                "x-session-affinity", "originator", "content-type", "accept"}
 
 
 def trim(value, limit: int = 300):

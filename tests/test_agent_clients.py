@@ -243,3 +243,29 @@ def test_reasoning_sealed_for_codex_comes_back_as_reasoning():
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
     assert messages[2]["reasoning_content"] == "I should read the file first."
     assert messages[2]["tool_calls"][0]["function"]["arguments"] == '{"path": "a.py"}'
+
+
+# -- OpenCode, Pi, Qwen Code (chat completions) -----------------------------------------------
+def test_opencode_title_request_never_gets_a_tool_call_and_its_max_tokens_is_capped(url):
+    title = fixture("opencode", "0001-v1_chat_completions.json")
+    assert "tools" not in title["body"] and title["body"]["max_tokens"] == 32000
+    r = post(url, title, temperature=0)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-mtplx-max-tokens-capped-from"] == "32000"
+    chunks = [d for _, d in sse(r)]
+    assert not any(c["choices"] and c["choices"][0]["delta"].get("tool_calls") for c in chunks)
+    assert "<tool_call>" not in "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] > 0  # include_usage honoured
+
+
+@pytest.mark.parametrize("client,first,later", [("opencode", "0002", "0003"), ("pi", "0001", "0002"), ("qwen", "0001", "0003")])
+def test_chat_clients_replay_and_later_turns_restore(url, client, first, later):
+    a = fixture(client, f"{first}-v1_chat_completions.json")
+    b = fixture(client, f"{later}-v1_chat_completions.json")
+    usages = []
+    for recorded in (a, b):
+        r = post(url, recorded, temperature=0, max_tokens=16, **({"max_completion_tokens": 16} if "max_completion_tokens" in recorded["body"] else {}))
+        assert r.status_code == 200, r.text
+        usages.append([d for _, d in sse(r)][-1]["usage"])
+    # the later request shares the earlier one's system prompt and tools: at least that much is restored
+    assert usages[1]["prompt_tokens_details"]["cached_tokens"] > 0.5 * usages[0]["prompt_tokens"]

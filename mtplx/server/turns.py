@@ -23,9 +23,9 @@ from mtplx.server.openai_request import ChatCall
 from mtplx.server.tool_choice import ToolRules
 
 # Headers naming an agent session: ours and generic ones, then what real clients send
-# (recorded in tests/fixtures/clients/): Claude Code, Codex, Qwen Code / OpenCode.
+# (recorded in tests/fixtures/clients/): Claude Code, Codex; OpenCode sends x-session-id itself.
 SESSION_HEADERS = ("x-session-id", "x-mtplx-session", "session-id", "x-conversation-id", "x-client-session",
-                   "x-claude-code-session-id", "session_id", "conversation_id", "x-opencode-session")
+                   "x-claude-code-session-id", "session_id", "conversation_id", "x-session-affinity")
 
 
 def session_from(headers, body: dict | None = None, call: ChatCall | None = None) -> str | None:
