@@ -38,10 +38,8 @@ def install(cache: Path) -> dict[str, str]:
     if missing:
         subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund", *missing], check=True)
     versions = {}
-    for name in PACKAGES:
-        done = subprocess.run([str(bin_dir / name), "--version"], capture_output=True, text=True, timeout=60)
-        out = done.stdout + done.stderr
-        versions[name] = (re.findall(r"\d+\.\d+\.\d+", out) or ["?"])[0]
+    for name, pkg in PACKAGES.items():  # the installed package's own record (some CLIs print no newline)
+        versions[name] = json.loads((cache / "node_modules" / pkg / "package.json").read_text())["version"]
     return versions
 
 
