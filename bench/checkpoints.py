@@ -106,7 +106,7 @@ def main() -> None:
     same = sum(m == a for m, a in zip(mtp, ar))
     print(f"{'checkpoint':<32} {'depth-1 acceptance':>20}")
     print(f"{'Qwen3.5 stand-in, HF bf16':<32} {a_hf:>20.3f}")
-    print(f"{'mtplx convert 4-bit + bf16 head':<32} {a_q4:>20.3f}   (delta {a_q4 - a_hf:+.3f})")
+    print(f"{'mtplx convert (4-bit trunk, 8-bit embedding, bf16 head)':<32} {a_q4:>20.3f}   (delta {a_q4 - a_hf:+.3f})")
     print(f"4-bit: MTP greedy == AR greedy on {same}/{len(prompts)} prompts x {args.tokens} tokens")
     print("\nreal Qwen3 template, tool conversation (prompt, ceiling, cached, ratio) per turn:")
     for row in reuse_on_real_template():
