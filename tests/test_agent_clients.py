@@ -269,3 +269,35 @@ def test_chat_clients_replay_and_later_turns_restore(url, client, first, later):
         usages.append([d for _, d in sse(r)][-1]["usage"])
     # the later request shares the earlier one's system prompt and tools: at least that much is restored
     assert usages[1]["prompt_tokens_details"]["cached_tokens"] > 0.5 * usages[0]["prompt_tokens"]
+
+
+def test_a_later_system_message_is_folded_only_for_templates_that_refuse_it():
+    from types import SimpleNamespace
+
+    from mtplx.engine.sampling import SamplingParams
+    from mtplx.server.anthropic_map import to_messages
+    from mtplx.server.encode_cache import EncodeCache
+    from mtplx.server.openai_request import ChatCall
+    from mtplx.server.turns import encode
+
+    class SystemFirstOnly:  # what Qwen3's template does: "System message must be at the beginning."
+        chat_template = "qwen3-like"
+
+        def apply_chat_template(self, messages, **kw):
+            if any(m["role"] == "system" for m in messages[1:]):
+                raise ValueError("System message must be at the beginning.")
+            return [len(m["content"]) for m in messages]
+
+    body = {"system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1.2.3.abc;"},
+                       {"type": "text", "text": "You are an agent."}],
+            "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "Agents: Explore, Plan."}]}
+    messages = to_messages(body)
+    assert messages[0] == {"role": "system", "content": "You are an agent."}  # billing header left out
+    assert messages[2] == {"role": "system", "content": "Agents: Explore, Plan."}  # in place where allowed
+    engine = SimpleNamespace(checkpoint=SimpleNamespace(tokenizer=SystemFirstOnly()))
+    cache = EncodeCache("id", "qwen3-like")
+    for _ in range(2):  # a miss, then a hit: both leave the folded messages on the call
+        call = ChatCall(to_messages(body), None, SamplingParams())
+        assert encode(engine, cache, call, "messages", json.dumps(body).encode())
+        assert [m["role"] for m in call.messages] == ["system", "user", "user"]
+        assert "Agents: Explore, Plan." in call.messages[2]["content"]

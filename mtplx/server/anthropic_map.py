@@ -75,7 +75,10 @@ def to_messages(body: dict, signer: Signer | None = None) -> list[dict]:
             raise bad_request(f"{p}.role must be 'user', 'assistant' or 'system'", f"{p}.role")
         if m["role"] == "system":
             text = _system_text(m.get("content"), f"{p}.content")
-            (head if not out else out).append(text if not out else {"role": "system", "content": text})
+            if out:
+                out.append({"role": "system", "content": text})
+            else:
+                head.append(text)
             continue
         blocks = _blocks(m.get("content"), f"{p}.content")
         out += _assistant(blocks, p, signer) if m["role"] == "assistant" else _user(blocks, p)

@@ -69,6 +69,8 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
     key = cache.key(route, raw)
     hit = cache.get(key)
     if hit is not None:
+        if "messages" in hit[1]:  # folded on the miss: the bank must see what was rendered
+            call.messages[:] = hit[1]["messages"]
         return hit[0]
     try:
         try:
@@ -78,8 +80,10 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
             if folded == call.messages:
                 raise
             # Templates that allow a system turn only first (Qwen3's): a later one becomes a user turn.
+            tokens = render(engine.checkpoint.tokenizer, folded, call.tools, enable_thinking=call.enable_thinking)
             call.messages[:] = folded
-            tokens = render(engine.checkpoint.tokenizer, call.messages, call.tools, enable_thinking=call.enable_thinking)
+            cache.put(key, tokens, {"messages": folded})
+            return tokens
     except Exception as exc:  # a template error is the request's fault (e.g. roles out of order)
         raise bad_request(f"messages could not be rendered with the chat template: {type(exc).__name__}: {exc}",
                           "messages") from None
