@@ -89,7 +89,7 @@ def main() -> None:
         print(f"kill {k + 1:>2}: temp files at kill {temps_before}, after open {temps_after}; entries {len(tier.views())}, "
               f"invalid {bad}; bytes {used / 2**20:.2f} MiB of {budget / 2**20:.0f} MiB (files {on_disk / 2**20:.2f}) "
               f"{'ok' if ok else 'FAIL'}")
-        tier.db.close()
+        tier.close()
     print(f"{args.kills} kills: {args.kills - failures} clean, {failures} failed; max bytes {max(totals) / 2**20:.2f} MiB "
           f"(budget {budget / 2**20:.0f} MiB)")
     sys.exit(1 if failures else 0)

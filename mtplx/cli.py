@@ -394,10 +394,14 @@ bank_app = typer.Typer(help="The session bank's SSD tier ($MTPLX_HOME/bank).", n
 app.add_typer(bank_app, name="bank")
 
 
-def _ssd():
+def _ssd(owner: bool = False):
+    """The SSD tier: read-only beside a running server; `owner` (clear, gc) needs it stopped."""
     from mtplx.bank.ssd import SsdConfig, SsdTier
 
-    return SsdTier(SsdConfig.default())
+    try:
+        return SsdTier(SsdConfig.default(), owner=owner)
+    except MtplxError as exc:
+        _fail(exc)
 
 
 @bank_app.command("ls")
@@ -422,13 +426,13 @@ def bank_stats() -> None:
 @bank_app.command("clear")
 def bank_clear() -> None:
     """Delete every persisted entry."""
-    typer.echo(f"deleted {_ssd().clear()} entries")
+    typer.echo(f"deleted {_ssd(owner=True).clear()} entries")
 
 
 @bank_app.command("gc")
 def bank_gc() -> None:
     """Remove temp files and orphans, then enforce the byte budget and free-disk floor."""
-    tier = _ssd()
+    tier = _ssd(owner=True)
     removed = tier.reconcile()
     dropped = tier.enforce_budget()
     typer.echo(f"removed {removed}; evicted {len(dropped)} entries over budget")

@@ -157,6 +157,7 @@ def test_damaged_ssd_entries_are_dropped_and_recomputed(tmp_path, cold, how):
             tier.load(view.entry_id, view.identity)
         except CorruptEntry:
             assert not tier.has(view.entry_id)
+    tier.close()
 
 
 # -- a failing disk ---------------------------------------------------------------------------
@@ -343,7 +344,7 @@ def test_kill_9_during_ssd_writes_leaves_no_half_entry(tmp_path, cold):
     assert not list(tmp_path.glob(".tmp-*"))
     for view in tier.views():
         tier.load(view.entry_id, view.identity)  # every entry left is whole: none raises
-    tier.db.close()
+    tier.close()
     served = Served(tmp_path)
     try:
         assert reply_of(served.chat(FIRST)) == cold[0]["choices"][0]["message"]
@@ -407,3 +408,20 @@ def test_sigterm_during_a_stream_flushes_and_exits_0(tmp_path):
 def test_busy_port_fails_fast_with_one_line(tmp_path):
     code, lines = serve_on_busy_port(tmp_path)
     assert code == 2 and len(lines) == 1 and "in use" in lines[0]
+
+
+def test_a_second_server_on_the_same_bank_directory_stays_ram_only(tmp_path, cold):
+    """Its start-up clean-up would delete the first server's files mid-write: it is refused the
+    SSD tier (with the reason in /health) and serves from RAM; `bank ls` still reads beside it."""
+    first, second = Served(tmp_path), Served(tmp_path)
+    try:
+        bank = httpx.get(second.url + "/health").json()["bank"]
+        assert bank["ssd"] == "degraded" and "in use" in bank["ssd_error"]
+        assert reply_of(second.chat(FIRST)) == cold[0]["choices"][0]["message"]
+        assert reply_of(first.chat(FIRST)) == cold[0]["choices"][0]["message"]
+        first.engine.settle()
+        assert SsdTier(SsdConfig(tmp_path, budget_bytes=64 << 20), owner=False).views()
+    finally:
+        second.close()
+        first.close()
+    SsdTier(SsdConfig(tmp_path, budget_bytes=64 << 20)).close()  # both stopped: the directory is free again

@@ -23,6 +23,7 @@ import numpy as np
 
 from mtplx.bank.anchors import Anchor
 from mtplx.bank.plan import EntryView
+from mtplx.errors import MtplxError
 
 log = logging.getLogger("mtplx.bank.ssd")
 FORMAT_VERSION = 1
@@ -30,6 +31,10 @@ FORMAT_VERSION = 1
 
 class CorruptEntry(Exception):
     """A persisted entry failed validation (the message says how); it has been deleted."""
+
+
+class BankInUse(MtplxError):
+    """Another live process owns this bank directory (its writes and crash clean-up are its own)."""
 
 
 @dataclass(frozen=True)
@@ -60,20 +65,51 @@ def _sha256(path: Path) -> str:
 
 
 class SsdTier:
-    def __init__(self, config: SsdConfig):
+    def __init__(self, config: SsdConfig, owner: bool = True):
+        """`owner`: this process writes the tier and cleans up crash debris, holding an exclusive
+        lock on the directory for its lifetime (released by the kernel even on kill -9); a second
+        owner is refused with BankInUse, since its start-up clean-up would delete the first one's
+        files mid-write. `owner=False` only reads (`mtplx bank ls`, `stats` beside a running server)."""
         self.config = config
         self.root = config.root
         self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_lock() if owner else None
         try:
             self.db = self._open_manifest()
+        except sqlite3.OperationalError:
+            raise  # locked, read-only, I/O: the manifest may be fine, so never wipe it (the bank goes RAM-only)
         except sqlite3.DatabaseError as exc:  # a damaged manifest: the entries are only a cache, start over
             log.warning("bank manifest %s is unreadable (%s); discarding the SSD tier's entries", self.root, exc)
             for path in self.root.iterdir():
                 if path.name.startswith("manifest.db") or path.suffix == ".safetensors" or path.name.startswith(".tmp-"):
                     path.unlink(missing_ok=True)
             self.db = self._open_manifest()
-        self.reconcile()
-        self.enforce_budget()  # a crash between a row and its eviction pass can leave the tier over budget
+        if owner:
+            self.reconcile()
+            self.enforce_budget()  # a crash between a row and its eviction pass can leave the tier over budget
+
+    def _take_lock(self):
+        import fcntl
+
+        handle = (self.root / ".lock").open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise BankInUse(f"bank directory {self.root} is in use by {holder}; give each server its own "
+                            f"MTPLX_HOME, or stop the other one") from None
+        handle.truncate(0)
+        handle.write(f"mtplx pid {os.getpid()}")
+        handle.flush()
+        return handle
+
+    def close(self) -> None:
+        self.db.close()
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
 
     def _open_manifest(self) -> sqlite3.Connection:
         db = sqlite3.connect(str(self.root / "manifest.db"), isolation_level=None, check_same_thread=False, timeout=5)

@@ -272,6 +272,8 @@ class Engine:
         if self.bank is not None:  # a clean shutdown persists what is pending
             try:
                 self.bank.flush()
+                if self.bank.ssd is not None:
+                    self.bank.ssd.close()  # frees the directory for the next server
             except Exception:
                 log.exception("flushing the bank to SSD failed")
         self._release_streams()
