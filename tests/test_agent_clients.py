@@ -29,6 +29,15 @@ A_TOOLS = [{"name": "read_file", "description": "Read a file.", "input_schema": 
 ASK = "Read src/ledger/events.py and explain what it does."
 
 
+class Served(str):
+    """The server's URL, with its engine at hand for tests that watch engine events."""
+
+    def __new__(cls, url: str, engine):
+        served = super().__new__(cls, url)
+        served.engine = engine
+        return served
+
+
 def fixture(client: str, name: str) -> dict:
     return json.loads((FIXTURES / client / name).read_text())
 
@@ -47,7 +56,7 @@ def url(tmp_path_factory):
     thread.start()
     while not srv.started:
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
+    yield Served(f"http://127.0.0.1:{port}", engine)
     srv.should_exit = True
     thread.join(10)
     engine.stop()
@@ -301,3 +310,20 @@ def test_a_later_system_message_is_folded_only_for_templates_that_refuse_it():
         assert encode(engine, cache, call, "messages", json.dumps(body).encode())
         assert [m["role"] for m in call.messages] == ["system", "user", "user"]
         assert "Agents: Explore, Plan." in call.messages[2]["content"]
+
+
+def test_one_session_id_with_two_system_prompts_gets_no_borrowed_ceiling(url):
+    from mtplx.events import Restored
+
+    seen = []
+    url.engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
+    try:
+        for system in ("You write titles for coding sessions.", "You are a coding agent in a repository."):
+            body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": ASK}], "max_tokens": 4}
+            r = httpx.post(url + "/v1/chat/completions", json=body, headers={"session-id": "shared-id"}, timeout=60)
+            assert r.status_code == 200
+    finally:
+        url.engine.listeners.pop()
+    # The second conversation shares only the template's first tokens with the first: a ceiling
+    # borrowed from the session's previous turn would claim its whole system + user messages.
+    assert seen[1].ceiling is not None and seen[1].ceiling <= seen[1].cached_tokens + 8 < 40
