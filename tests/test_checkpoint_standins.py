@@ -179,6 +179,7 @@ def test_tui_opens_and_chats(built, engines, row):
 
     _row(built, row)
     engine = engines(row)
+    engine.settle()  # earlier tests' render-ahead would otherwise post bank decisions into this app
 
     async def flow():
         app = MtplxApp(engine=engine, model_name=row, max_tokens=6)
