@@ -207,7 +207,12 @@ def tui(
             from mtplx.server.background import BackgroundServer
 
             server = BackgroundServer(create_app(engine, model), sock=sock).start()
-        MtplxApp(engine, model, max_tokens, server.url if server else None).run()
+        workbench = MtplxApp(engine, model, max_tokens, server.url if server else None)
+        import signal
+
+        # SIGTERM (a closed tmux pane, a service manager) quits like ctrl+q, so the bank is flushed.
+        signal.signal(signal.SIGTERM, lambda sig, frame: workbench.call_later(workbench.action_quit))
+        workbench.run()
     finally:
         if server is not None:
             server.stop()
