@@ -400,3 +400,18 @@ def test_hf_head_copied_into_a_converted_trunk_keeps_its_own_layout(built, tmp_p
     assert set(mixed) == set(converted)
     for k in converted:
         assert mx.abs(mixed[k].astype(mx.float32) - converted[k].astype(mx.float32)).max().item() < 1e-2, k
+
+
+def test_unusable_head_runs_autoregressively_with_a_notice(built, tmp_path):
+    """A head whose weights do not fit one decoder layer costs speculation, not the model."""
+    import mlx.core as mx
+
+    from mtplx.engine.checkpoint import load_checkpoint
+
+    dest = tmp_path / "bad-head"
+    shutil.copytree(built[0]["qwen3_5-convert"], dest)
+    head = mx.load(str(dest / "model-mtp.safetensors"))
+    head["mtp.fc.weight"] = head["mtp.fc.weight"][:, :8]
+    mx.save_safetensors(str(dest / "model-mtp.safetensors"), head)
+    ck = load_checkpoint(dest)
+    assert not ck.has_mtp and "MTP weights could not be used" in ck.mtp_notice and "decoding autoregressively" in ck.mtp_notice

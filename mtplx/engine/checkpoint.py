@@ -4,7 +4,8 @@ mlx-lm builds the trunk (so quantised MLX checkpoints and every architecture it 
 usual); its `sanitize` would drop or choke on the MTP module's weights (`mtp.*`, or DeepSeek-V3's
 extra `model.layers.N.*`), so they are split off first and loaded into an `MTPHead` in the layout
 the head's own tensors say. A directory without MTP weights, or of an architecture mtplx cannot
-speculate with, loads and runs autoregressively with one notice saying why.
+speculate with, or whose MTP weights do not fit, loads and runs autoregressively with one notice
+saying why.
 """ 
 
 from __future__ import annotations
@@ -155,7 +156,10 @@ def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
     moe_on_cpu = _moe_to_float32(model) if mx.default_device() == mx.cpu else False
     mtp, notice = None, catalog.mtp_notice(config, bool(trunk.head_weights))
     if trunk.head_weights and notice is None:
-        mtp = load_head(trunk, path)
+        try:
+            mtp = load_head(trunk, path)
+        except ModelLoadError as exc:  # the trunk is fine: serve it, and say why there is no speculation
+            notice = f"the MTP weights could not be used ({exc}): decoding autoregressively"
     if mtp is not None:
         mx.eval(mtp.parameters())
     compute = prepare_compute(model, mtp)  # the CPU fast path: fp32 weights (see engine/compute.py)
@@ -195,16 +199,15 @@ def load_head(trunk: Trunk, path: Path):
 
     model, model_type, weights = trunk.model, trunk.config["model_type"], trunk.head_weights
     text_args = getattr(_text_model(model), "args", None) or model.args
-    layers = text_args.num_hidden_layers
     try:
         if model_type == "deepseek_v3" and trunk.sanitize is not None:
-            # The architecture's own sanitize converts the layer (kv_b_proj split, expert stacking,
-            # fp8), run on the head's layer renamed as the trunk's last one.
-            at = f"model.layers.{layers - 1}."
-            renamed = {at + k[len("layers.0."):]: v for k, v in weights.items() if k.startswith("layers.0.")}
+            # The architecture's own sanitize converts the head (fp8 dequantisation, kv_b_proj
+            # split, expert stacking), run on its tensors renamed as if they were trunk layer 0's.
+            at, own = "model.layers.0.", "model.layers.0.mtp_head."
+            renamed = {(at + k[len("layers.0."):] if k.startswith("layers.0.") else own + k): v for k, v in weights.items()}
             converted = trunk.sanitize(renamed)
-            weights = {k: v for k, v in weights.items() if not k.startswith("layers.0.")}
-            weights.update({"layers.0." + k[len(at):]: v for k, v in converted.items() if k.startswith(at)})
+            weights = {(k[len(own):] if k.startswith(own) else "layers.0." + k[len(at):]): v
+                       for k, v in converted.items() if k.startswith(at)}
         experts = int(getattr(text_args, "num_experts", 0) or getattr(text_args, "n_routed_experts", 0) or 0)
         weights = heads.sanitize_mtp_weights(weights, model_type, experts)
         mtp = heads.build_mtp_head(model_type, model.args, text_args)
