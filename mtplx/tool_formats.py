@@ -34,6 +34,16 @@ class ToolFormat:
     start: str
     end: str  # "" when a call runs to the end of the output
     parse_body: Callable[[str, list | None], list[ToolCall]]
+    body: str = ""  # the `<tool_call>` family: "json" or "xml", as the model's template writes calls
+
+    def call_head(self, name: str) -> str | None:
+        """The text a call of tool `name` starts with right after the opening tag, up to its
+        arguments (what forcing a named tool pins), or None when the format's head is not known."""
+        if self.body == "json":
+            return f'\n{{"name": "{name}", "arguments":'
+        if self.body == "xml":
+            return f"\n<function={name}>\n"
+        return None
 
     def parse(self, body: str, tools: list | None = None) -> list[ToolCall]:
         """The calls in the text between the delimiters; ValueError when it holds none."""
@@ -106,7 +116,7 @@ def _delegated(module_name: str) -> Callable[[str, list | None], list[ToolCall]]
     return parse
 
 
-TAGGED = ToolFormat("tool_call", "<tool_call>", "</tool_call>", _tagged_body)
+TAGGED = ToolFormat("tool_call", "<tool_call>", "</tool_call>", _tagged_body, "json")
 
 # mlx-lm parser module -> its delimiters (the values its modules define).
 _OTHERS = {
@@ -122,12 +132,15 @@ _OTHERS = {
     "muse_spark": ("<atem:function_calls>", "</atem:function_calls>"),
 }
 FORMATS = {"tool_call": TAGGED, **{name: ToolFormat(name, s, e, _delegated(name)) for name, (s, e) in _OTHERS.items()}}
-# mlx-lm names the `<tool_call>` bodies separately; they are one format here.
-_FAMILY = {"json_tools": "tool_call", "qwen3_coder": "tool_call", "glm47": "tool_call", "laguna": "tool_call"}
+# mlx-lm names the `<tool_call>` bodies separately; they are one format here (any body parses),
+# remembering which body the template writes.
+_FAMILY = {"json_tools": "json", "qwen3_coder": "xml", "glm47": "glm", "laguna": "glm"}
 
 
 def by_name(name: str) -> ToolFormat:
-    name = _FAMILY.get(name, name)
+    if name in _FAMILY:
+        return TAGGED if _FAMILY[name] == "json" else ToolFormat("tool_call", TAGGED.start, TAGGED.end,
+                                                                 _tagged_body, _FAMILY[name])
     if name not in FORMATS:
         raise ValueError(f"unknown tool-call format {name!r} (known: {', '.join(sorted(FORMATS))})")
     if name in _OTHERS:  # the delimiters must still match the installed mlx-lm's

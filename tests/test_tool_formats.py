@@ -100,7 +100,7 @@ def test_qwen35_call_round_trips_through_the_server(qwen35):
     from mtplx.server.app import create_app
 
     tok = qwen35.checkpoint.tokenizer
-    assert qwen35.checkpoint.tool_format.name == "tool_call"
+    assert (qwen35.checkpoint.tool_format.name, qwen35.checkpoint.tool_format.body) == ("tool_call", "xml")
     history = [{"role": "system", "content": "You edit files."}, {"role": "user", "content": "Fix line 12 of src/a.py."}]
     pieces = _stream(XML_CALL, tools=TOOLS)
     sent = {"role": "assistant", "content": "", "tool_calls": [
@@ -158,3 +158,12 @@ def test_qwen35_tool_turn_restores_its_ceiling(qwen35):
     finally:
         qwen35.listeners.remove(listener)
     assert reuse_ratio(seen[-1].cached_tokens, seen[-1].ceiling) >= 0.99, seen[-1]
+
+
+def test_call_head_follows_the_templates_body():
+    """What forcing a named tool must pin differs by format: JSON's name key, or Qwen3.5's
+    <function=...> line; the detected format knows which its template writes."""
+    json_head, xml_head = by_name("json_tools").call_head("read_file"), by_name("qwen3_coder").call_head("read_file")
+    assert json_head == '\n{"name": "read_file", "arguments":' and xml_head == "\n<function=read_file>\n"
+    call = '<tool_call>\n<function=read_file>\n<parameter=path>\na.py\n</parameter>\n</function>\n</tool_call>'
+    assert call.startswith("<tool_call>" + xml_head) and by_name("glm47").call_head("x") is None
