@@ -275,7 +275,7 @@ async def _until(pilot, condition, what: str, steps: int = 600):
         if condition():
             return
         await pilot.pause(0.05)
-    raise AssertionError(f"never happened: {what}")
+    raise AssertionError(f"never happened: {what() if callable(what) else what}")
 
 
 class Gate:
@@ -396,3 +396,51 @@ def test_bank_views_update_on_restore_before_the_turn_ends(banked_engine):
     finally:
         gate.release.set()
         banked_engine.listeners.remove(gate)
+
+
+def test_attach_sees_the_bank_survives_a_restart_and_sends_the_api_key(banked_engine):
+    """Attached to `serve --api-key`, given the /v1 URL clients are given: connected, a turn sent
+    by an agent lands in the turns table and its entry in the bank table (the bank route); the
+    server restarts on the same port and the view reconnects by itself; a wrong key says
+    unauthorized."""
+    import asyncio
+
+    import httpx
+
+    from mtplx.server.app import create_app
+    from mtplx.server.background import BackgroundServer
+
+    key = "sekret"
+    body = {"model": "tiny-dense", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "Attach test: name a colour."}]}
+    auth = {"Authorization": f"Bearer {key}", "x-session-id": "attach-agent"}
+    servers = [BackgroundServer(create_app(banked_engine, "tiny-dense", key)).start()]
+    port = servers[0].port
+
+    async def flow():
+        app = MtplxApp(None, "attached", attach_url=servers[0].url + "/v1", api_key=key, reconnect_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            state = lambda: str(app.dashboard.query_one("#endpoint").render())
+            await _until(pilot, lambda: state().endswith("· connected"), "connected")
+            post = lambda: httpx.post(servers[-1].url + "/v1/chat/completions", json=body, headers=auth, timeout=120)
+            assert (await asyncio.to_thread(post)).status_code == 200
+            await _until(pilot, lambda: app.dashboard.query_one("#turns").row_count == 1, "the agent's turn")
+            await _until(pilot, lambda: any(r[0].startswith("atta") for r in _bank_rows(app)),
+                         lambda: f"the agent's entry in the bank table: {_bank_rows(app)}")
+            await asyncio.to_thread(servers[0].stop)
+            await _until(pilot, lambda: "reconnecting in" in state(), "reconnecting shown")
+            servers.append(await asyncio.to_thread(lambda: BackgroundServer(create_app(banked_engine, "tiny-dense", key),
+                                                                            port=port).start()))
+            await _until(pilot, lambda: state().endswith("· connected"), "reconnected after the restart")
+            assert (await asyncio.to_thread(post)).status_code == 200
+            await _until(pilot, lambda: app.dashboard.query_one("#turns").row_count == 2, "a turn after the restart")
+        wrong = MtplxApp(None, "attached", attach_url=f"127.0.0.1:{port}", api_key="wrong", reconnect_s=0.2)
+        async with wrong.run_test(size=SIZE) as pilot:
+            await _until(pilot, lambda: "unauthorized" in str(wrong.dashboard.query_one("#endpoint").render()),
+                         "unauthorized shown")
+
+    try:
+        asyncio.run(flow())
+    finally:
+        for server in servers[1:]:
+            server.stop()

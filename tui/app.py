@@ -49,7 +49,6 @@ class MtplxApp(App):
         self.engine, self.model_name, self.max_tokens = engine, model_name, max_tokens
         self.server_url, self.attach_url, self.receipts_store = server_url, attach_url, receipts_store
         self.api_key, self.reconnect_s = api_key, reconnect_s
-        self.attachment = None
         self.watch = None
         self._ssd_warned = False
 
@@ -71,8 +70,6 @@ class MtplxApp(App):
         self.post_message(EngineEventArrived(event))
 
     def on_unmount(self) -> None:
-        if self.attachment is not None:
-            self.attachment.stop()
         if self.engine is not None:
             for listener in (self._from_engine, self.watch):
                 if listener in self.engine.listeners:
@@ -137,15 +134,14 @@ class MtplxApp(App):
         self.dashboard.query_one("#prompt").focus()
 
     # -- attach mode ------------------------------------------------------------------------
-    @work(thread=True, group="attach")
-    def follow(self) -> None:
+    @work(group="attach")
+    async def follow(self) -> None:
         from tui.attach import Attachment
 
-        self.attachment = Attachment(self.attach_url, self.api_key, backoff_s=self.reconnect_s,
-                                     on_event=lambda e: self.post_message(EngineEventArrived(e)),
-                                     on_bank=lambda entries: self.post_message(BankChanged(entries)),
-                                     on_state=lambda state: self.post_message(ConnectionChanged(state)))
-        self.attachment.run()
+        await Attachment(self.attach_url, self.api_key, backoff_s=self.reconnect_s,
+                         on_event=lambda e: self.post_message(EngineEventArrived(e)),
+                         on_bank=lambda entries: self.post_message(BankChanged(entries)),
+                         on_state=lambda state: self.post_message(ConnectionChanged(state))).run()
 
     def on_connection_changed(self, message: ConnectionChanged) -> None:
         self.dashboard.connection(message.state)

@@ -7,9 +7,8 @@ reconnecting in Ns); a lost stream (a server restart) is retried with a doubling
 
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
-import time
 from typing import Callable
 
 import httpx
@@ -29,50 +28,44 @@ def normalise(url: str) -> str:
 
 
 class Attachment:
-    """Runs in a worker thread; talks to the UI only through the callbacks it was given."""
+    """Runs as an async worker on the app's loop (so quitting cancels it, even mid-read); talks
+    to the UI only through the callbacks it was given."""
 
     def __init__(self, url: str, api_key: str | None, *, on_event: Callable, on_bank: Callable[[list[dict]], None],
                  on_state: Callable[[str], None], backoff_s: float = 1.0):
         self.base, self.on_event, self.on_bank, self.on_state = normalise(url), on_event, on_bank, on_state
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.backoff_s = backoff_s
-        self.stopped = threading.Event()
-        self._bank_due = threading.Event()
 
-    def stop(self) -> None:
-        self.stopped.set()
-        self._bank_due.set()
+    async def run(self) -> None:
+        """Follow the event stream until cancelled, reconnecting after every loss."""
+        self._bank_due = asyncio.Event()
+        async with httpx.AsyncClient(headers=self.headers, timeout=httpx.Timeout(5.0, read=None)) as client:
+            fetcher = asyncio.create_task(self._bank_loop(client))
+            try:
+                delay = self.backoff_s
+                while True:
+                    why = await self._follow(client)
+                    if why == "connected":  # it ran, then dropped: retry soon
+                        delay, why = self.backoff_s, "stream lost"
+                    for left in range(max(1, round(delay)), 0, -1):
+                        self.on_state(f"{why}; reconnecting in {left}s")
+                        await asyncio.sleep(min(1.0, delay))
+                    delay = min(delay * 2, MAX_BACKOFF_S)
+            finally:
+                fetcher.cancel()
 
-    def run(self) -> None:
-        """Follow the event stream until stopped, reconnecting after every loss."""
-        threading.Thread(target=self._bank_loop, name="mtplx-attach-bank", daemon=True).start()
-        delay = self.backoff_s
-        while not self.stopped.is_set():
-            why = self._follow()
-            if why == "connected":  # it ran, then dropped: retry soon
-                delay, why = self.backoff_s, "stream lost"
-            if self.stopped.is_set():
-                return
-            for left in range(max(1, round(delay)), 0, -1):
-                self.on_state(f"{why}; reconnecting in {left}s")
-                if self.stopped.wait(min(1.0, delay)):
-                    return
-            delay = min(delay * 2, MAX_BACKOFF_S)
-
-    def _follow(self) -> str:
+    async def _follow(self, client: httpx.AsyncClient) -> str:
         self.on_state("connecting")
         try:
-            with httpx.stream("GET", self.base + "/v1/mtplx/events", headers=self.headers,
-                              timeout=httpx.Timeout(5.0, read=None)) as r:
+            async with client.stream("GET", self.base + "/v1/mtplx/events") as r:
                 if r.status_code in (401, 403):
                     return "unauthorized (pass --api-key or set MTPLX_API_KEY)"
                 if r.status_code != 200:
                     return f"HTTP {r.status_code} from {self.base}/v1/mtplx/events (is it an mtplx server?)"
                 self.on_state("connected")
                 self._bank_due.set()  # what the bank holds now, before any event says so
-                for line in r.iter_lines():
-                    if self.stopped.is_set():
-                        return "stopped"
+                async for line in r.aiter_lines():
                     if line.startswith("data: "):
                         event = event_from_dict(json.loads(line[6:]))
                         if event is None:
@@ -86,17 +79,15 @@ class Attachment:
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             return f"lost: {type(exc).__name__}"
 
-    def _bank_loop(self) -> None:
-        """One fetch per burst of bank events (at most five a second), off the stream's thread."""
-        while not self.stopped.is_set():
-            self._bank_due.wait()
+    async def _bank_loop(self, client: httpx.AsyncClient) -> None:
+        """One fetch per burst of bank events (at most five a second)."""
+        while True:
+            await self._bank_due.wait()
             self._bank_due.clear()
-            if self.stopped.is_set():
-                return
             try:
-                r = httpx.get(self.base + "/v1/mtplx/bank", headers=self.headers, timeout=10.0)
+                r = await client.get(self.base + "/v1/mtplx/bank", timeout=10.0)
                 if r.status_code == 200:
                     self.on_bank(r.json()["entries"])
             except (httpx.HTTPError, ValueError, KeyError):
                 pass  # the stream's own state says what is wrong; the next bank event retries
-            time.sleep(0.2)
+            await asyncio.sleep(0.2)
