@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from mtplx.engine.stats import GenerationStats
 from mtplx.events import BankDecision, DraftVerified, Failed, Finished, FirstToken, Queued, Restored, Tokens
 from tui.app import MtplxApp
@@ -19,7 +21,8 @@ def _turn(rid: str, prompt: int, cached: int, text: str, drafted: list[int], acc
     stats.drafted_by_segment.update(reasoning=sum(drafted) // 2, content=sum(drafted) - sum(drafted) // 2)
     stats.accepted_by_segment.update(reasoning=sum(accepted) // 2, content=sum(accepted) - sum(accepted) // 2)
     return [Queued(rid, 0, SimpleNamespace(source=source, session="s", prompt_tokens=prompt)),
-            Restored(rid, prompt, cached, "ram" if cached else "cold", "message" if cached else None, 650 if cached else 37),
+            Restored(rid, prompt, cached, "ram" if cached else "cold", "message" if cached else None, 650 if cached else 37,
+                     entry_id="e_1" if cached else None),
             FirstToken(rid, 0.125), Tokens(rid, (1,), text, "content"), DraftVerified(rid, 2, 1, "content"),
             Finished(rid, "stop", prompt, 40, cached, text, (1,), stats.as_dict())]
 
@@ -41,6 +44,7 @@ def test_empty_dashboard(snap_compare):
 
 def _busy_dashboard(app):
     async def run_before(pilot):
+        app.on_bank_changed(SimpleNamespace(entries=BANK))
         chat = app.dashboard.query_one("#chat")
         app.chat.request_id, app.chat.busy = "r1", True
         app.chat.messages.append({"role": "user", "content": "Explain what src/ledger/events.py does"})
@@ -58,16 +62,32 @@ def _busy_dashboard(app):
     return run_before
 
 
-def test_dashboard_with_turns_and_anchors(snap_compare):
-    """Turns with ratio and shortfall, the TTFT/ratio chart, the bank with the selected entry's
-    anchor map (last restore highlighted), live acceptance of the last request."""
-    app = app_with()
-    assert snap_compare(app, terminal_size=SIZE, run_before=_busy_dashboard(app))
+SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 48)], ids=["80x24", "120x40", "160x48"])
 
 
-def test_dashboard_in_80x24(snap_compare):
+@SIZES
+def test_dashboard_with_turns_and_anchors(snap_compare, size):
+    """Turns (newest first, TTFT visible at every size) with ratio and shortfall, the TTFT/ratio
+    chart, the bank with the selected entry's anchor map (last restore highlighted), live
+    acceptance of the last request, a finished reply with its reasoning collapsed."""
     app = app_with()
-    assert snap_compare(app, terminal_size=(80, 24), run_before=_busy_dashboard(app))
+    assert snap_compare(app, terminal_size=size, run_before=_busy_dashboard(app))
+
+
+def test_turn_drill_down(snap_compare):
+    """Enter on the newest turn: its numbers, the entry it restored from drawn with its cut."""
+    app = app_with()
+
+    async def run_before(pilot):
+        await _busy_dashboard(app)(pilot)
+        await pilot.press("f4", "enter")
+        for _ in range(200):  # the receipt lookup runs in a worker: wait for its answer
+            await pilot.pause(0.05)
+            if type(app.screen).__name__ == "TurnScreen" and str(app.screen.query_one("#turn-receipt").render()):
+                break
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
 
 
 def test_error_notice(snap_compare):
@@ -84,7 +104,8 @@ def test_help_screen(snap_compare):
     assert snap_compare(app_with(), terminal_size=SIZE, press=["f1"])
 
 
-def test_receipts_screen(snap_compare, tmp_path):
+@SIZES
+def test_receipts_screen(snap_compare, tmp_path, size):
     from mtplx.receipts.store import ReceiptStore
 
     store = ReceiptStore(tmp_path / "r.db")
@@ -102,10 +123,11 @@ def test_receipts_screen(snap_compare, tmp_path):
                 break
         await pilot.pause(0.3)  # the table sizes its columns on idle
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_replay_screen_mid_way(snap_compare, tmp_path):
+@SIZES
+def test_replay_screen_mid_way(snap_compare, tmp_path, size):
     from mtplx.replay.transcript import Transcript, Turn
     from tui.screens.replay import ReplayScreen
 
@@ -125,7 +147,7 @@ def test_replay_screen_mid_way(snap_compare, tmp_path):
         screen.add_turn(1, "s1", warm, turn[-1])
         await pilot.pause()
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
 def test_flow_chat_turn_and_screens(dense_engine):
@@ -199,7 +221,7 @@ async def _replay_flow(engine, folder):
                     break
             assert table.row_count == expected
         warm = table.get_row_at(1)
-        assert warm[6] in ("ram", "ssd") and warm[5] == "1.00", warm
+        assert warm[7] in ("ram", "ssd") and warm[5] == "1.00", warm
         assert "turn 2/2 done" in str(screen.query_one("#replay-status").render())
         await pilot.press("c")  # the same transcript under bank / no-bank, fresh engines, compared
         for _ in range(1200):
@@ -254,9 +276,6 @@ def test_quit_mid_prefill_cancels_the_turn():
 
 
 # -- live views, chat correctness, attach, drill-down (pilot tests on a banked engine) ----------
-import pytest  # noqa: E402
-
-
 @pytest.fixture(scope="module")
 def banked_engine():
     from mtplx.bank.bank import BankConfig

@@ -12,12 +12,15 @@ def _f(value, spec: str = "") -> str:
 
 
 def listing(rows: list[dict]) -> str:
-    head = f"{'id':<28} {'utc':<23} {'source':<8} {'session':<12} {'prompt':>6} {'ceil':>6} {'cached':>6} {'TTFT':>7} {'tok/s':>6} {'finish':<9} shortfall"
+    """Newest first, as the TUI shows them; ratio to two decimals, TTFT to milliseconds."""
+    head = (f"{'id':<28} {'utc':<23} {'source':<8} {'session':<12} {'prompt':>6} {'ceil':>6} {'cached':>6} {'ratio':>5} "
+            f"{'TTFT':>7} {'tok/s':>6} {'finish':<10} shortfall")
     lines = [head]
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r["id"], reverse=True):
+        ratio = reuse_ratio(r.get("cached_tokens"), r.get("ceiling"))
         lines.append(f"{r['id']:<28} {r['created_utc'][:23]:<23} {r['source'] or '-':<8} {(r['session'] or '-')[:12]:<12} "
-                     f"{_f(r['prompt_tokens']):>6} {_f(r['ceiling']):>6} {_f(r['cached_tokens']):>6} "
-                     f"{_f(r['ttft_first_token_s'], '.3f'):>7} {_f(r['decode_tps'], '.1f'):>6} {r['finish_reason'] or '-':<9} "
+                     f"{_f(r['prompt_tokens']):>6} {_f(r['ceiling']):>6} {_f(r['cached_tokens']):>6} {_f(ratio, '.2f'):>5} "
+                     f"{_f(r['ttft_first_token_s'], '.3f'):>7} {_f(r['decode_tps'], '.1f'):>6} {r['finish_reason'] or '-':<10} "
                      f"{r['shortfall'] or ''}")
     return "\n".join(lines)
 
@@ -43,7 +46,7 @@ def side_by_side(a: list[dict], b: list[dict], label_a: str, label_b: str) -> tu
         same = x.get("output_sha256") == y.get("output_sha256")
         parity &= same
         ratio = lambda r: reuse_ratio(r.get("cached_tokens"), r.get("ceiling"))
-        cell = lambda r: f"{_f(r.get('ceiling')):>6} {_f(r.get('cached_tokens')):>6} {_f(ratio(r), '.3f'):>6} {_f(r.get('ttft_first_token_s'), '.3f'):>7} {(r.get('restore_source') or '-'):<6}"
+        cell = lambda r: f"{_f(r.get('ceiling')):>6} {_f(r.get('cached_tokens')):>6} {_f(ratio(r), '.2f'):>6} {_f(r.get('ttft_first_token_s'), '.3f'):>7} {(r.get('restore_source') or '-'):<6}"
         dc = (y.get("cached_tokens") or 0) - (x.get("cached_tokens") or 0)
         dt = (y.get("ttft_first_token_s") or 0) - (x.get("ttft_first_token_s") or 0)
         lines.append(f"{i:>4} | {cell(x)} | {cell(y)} | {dc:>7} {dt:>8.3f} {'ok' if same else 'DIFFERS'}")

@@ -92,8 +92,15 @@ class Dashboard(Screen):
             self.query_one(AnchorMap).show(message.entry)
 
     def on_turn_table_highlighted(self, message: TurnTable.Highlighted) -> None:
-        if message.record is not None:
+        # Only while the user browses turns; otherwise the map follows the bank's latest restore
+        # (live, before the turn ends), which is the newest turn's own once it restored.
+        if message.record is not None and self.query_one(TurnTable).has_focus:
             self.show_turn(message.record)
+
+    def on_descendant_focus(self, event) -> None:
+        turns = self.query_one(TurnTable)
+        if event.widget is turns and turns.selected() is not None:
+            self.show_turn(turns.selected())
 
     def entry_of(self, record: TurnRecord) -> dict | None:
         entry_id = record.restored.entry_id if record.restored else None

@@ -12,7 +12,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, ListItem, ListView, Static
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_transcripts"
-COLUMNS = ("turn", "session", "prompt", "ceiling", "cached", "ratio", "source", "anchor", "TTFT s", "shortfall")
+# the key numbers first (TTFT included), so they stay on screen at 80 columns
+COLUMNS = ("turn", "session", "prompt", "ceil", "cached", "ratio", "TTFT s", "from", "anchor", "shortfall")
 
 
 class ReplayScreen(Screen):
@@ -120,6 +121,6 @@ class ReplayScreen(Screen):
         f = lambda v, spec="": "-" if v is None else format(v, spec)
         self.query_one("#replay-turns", DataTable).add_row(
             str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens), f(ratio, ".2f"),
-            restored.source, restored.anchor or "-", f(finished.stats.get("ttft_s") if finished else None, ".3f"),
+            f(finished.stats.get("ttft_s") if finished else None, ".3f"), restored.source, restored.anchor or "-",
             restored.shortfall or "")
         self.status(f"{self.transcript.name}: turn {self.cursor}/{len(self.transcript.turns)} done")

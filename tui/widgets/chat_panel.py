@@ -42,6 +42,10 @@ class ChatPanel(Vertical):
                        else "Message the model (Enter to send; F1 keys)")
         yield Input(placeholder=placeholder, id="prompt", disabled=self.attached)
 
+    def on_mount(self) -> None:
+        if self.app.is_headless:  # tests and snapshots: a steady cursor, never caught mid-blink
+            self.query_one(Input).cursor_blink = False
+
     @property
     def view(self) -> ChatView:
         return self.query_one(ChatView)
