@@ -67,25 +67,34 @@ def _unavailable() -> str | None:
     return None
 
 
+def _settle_env() -> None:
+    """MKL and Intel's OpenMP read these once, at the first BLAS call; a user's own values win."""
+    # STRICT: the same shapes give the same bits whatever the buffers' alignment (MLX does not
+    # align to MKL's liking); a fixed thread count (not MKL_DYNAMIC's load-dependent one) keeps a
+    # restored prefill and a cold one comparable.
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+    # Intel OpenMP's workers spin 200 ms after each MKL call by default, on the cores MLX's own
+    # (non-BLAS) ops need next: a 2-token verify measured 5-15x slower than a 1-token step.
+    os.environ.setdefault("KMP_BLOCKTIME", "0")
+
+
 @functools.cache
 def activate() -> Blas:
     """Load MKL into the global symbol scope if it can still reach MLX; idempotent, ~1 ms."""
     if sys.platform != "linux":
         return Blas("none")
     reason = _unavailable()
+    preloaded = next((p for p in os.environ.get("LD_PRELOAD", "").split(":") if "libmkl_rt" in p), None)
+    if reason is None and preloaded:  # the loader put MKL first already, whatever was imported since
+        _settle_env()
+        return Blas("mkl", library=preloaded)
     if reason is None and "mlx.core" in sys.modules:
         reason = "mlx.core was imported before mtplx, so MLX already bound its reference BLAS"
     if reason is not None:
         return Blas("reference", reason=reason)
     library = mkl_library()
-    # MKL reads these once, at its first call. STRICT: the same shapes give the same bits whatever
-    # the buffers' alignment (MLX does not align to MKL's liking), and a fixed thread count (not
-    # MKL_DYNAMIC's load-dependent one) keeps a restored prefill and a cold one bit-comparable.
-    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
-    os.environ.setdefault("MKL_DYNAMIC", "FALSE")
-    # Intel OpenMP's workers spin 200 ms after each MKL call by default, on the cores MLX's own
-    # (non-BLAS) ops need next: a 2-token verify measured 5-15x slower than a 1-token step.
-    os.environ.setdefault("KMP_BLOCKTIME", "0")
+    _settle_env()
     try:
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
