@@ -88,7 +88,8 @@ def _mlx_parameters(config: dict) -> tuple[dict, dict, object]:
     return trunk, head, model
 
 
-def _unstack(weights: dict, prefix_re: str = "switch_mlp") -> dict:
+def _unstack(weights: dict) -> dict:
+    """Stacked MLX experts (switch_mlp, E first) -> one tensor per expert, as HF files store them."""
     out = {}
     for k, v in weights.items():
         if ".switch_mlp." in k:
