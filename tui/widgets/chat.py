@@ -29,12 +29,14 @@ class ReplyBlock(Vertical):
 
     def compose(self):
         yield Static(label("assistant", f"finish {self.finish}"))
-        reasoning = self.message.get("reasoning_content")
+        reasoning, content = self.message.get("reasoning_content"), self.message.get("content") or ""
+        if reasoning is None and content.lstrip().startswith("<think>"):  # cut off while still reasoning
+            reasoning, content = content.split("<think>", 1)[1].strip(), ""
         if reasoning:
             yield Collapsible(Static(escape(reasoning)), title=f"reasoning · {len(reasoning.split())} words",
                               collapsed=True)
-        if self.message.get("content"):
-            yield Markdown(self.message["content"])
+        if content:
+            yield Markdown(content)
         for call in self.message.get("tool_calls", []):
             fn = call["function"]
             try:

@@ -21,6 +21,15 @@ from tui.widgets.chat import ChatView
 SYSTEM = "You are a careful coding agent. Think before you act."
 
 
+class PromptInput(Input):
+    """Clears itself in the same step that submits: keys typed right after Enter (a fast typist,
+    a paste, tmux send-keys) land in the empty box, never get wiped by a later clear."""
+
+    async def action_submit(self) -> None:
+        await super().action_submit()
+        self.value = ""
+
+
 def new_session() -> str:
     return f"tui-{os.urandom(3).hex()}"
 
@@ -40,7 +49,7 @@ class ChatPanel(Vertical):
         yield ChatView(id="chat")
         placeholder = ("Attached: chat from your agent; this view follows the server" if self.attached
                        else "Message the model (Enter to send; F1 keys)")
-        yield Input(placeholder=placeholder, id="prompt", disabled=self.attached)
+        yield PromptInput(placeholder=placeholder, id="prompt", disabled=self.attached)
 
     def on_mount(self) -> None:
         if self.app.is_headless:  # tests and snapshots: a steady cursor, never caught mid-blink
@@ -55,7 +64,6 @@ class ChatPanel(Vertical):
         text = event.value.strip()
         if not text or self.app.engine is None:
             return
-        event.input.value = ""
         if self.busy:
             self.pending.append((text, self.view.add_message("user", text, queued=True)))
             self.app.notify(f"queued: {len(self.pending)} message(s) wait for the reply", timeout=2)
