@@ -127,14 +127,17 @@ def abort_rows(cold) -> None:
             stream = "stream" in phase and "non" not in phase
             body["stream"] = stream
             mark = len(served.events)
-            client = httpx.Client(timeout=httpx.Timeout(120, read=0.6))
+            # A non-streaming client gives up after 2 s: past the prefill, well inside 2,000 tokens.
+            client = httpx.Client(timeout=httpx.Timeout(120, read=2.0))
             try:
                 if stream:
                     with client.stream("POST", served.url + "/v1/chat/completions", json=body) as response:
-                        for _ in response.iter_lines():
-                            if phase.startswith("decode"):
-                                break  # leave after the first chunk
-                        time.sleep(0.3) if phase.startswith("decode") else None
+                        for line in response.iter_lines():
+                            # Leave at a prefill keep-alive (an SSE comment sent per chunk), or at the
+                            # first generated delta.
+                            if line.startswith(":") if phase.startswith("prefill") else '"delta": {"' in line \
+                                    and '"role"' not in line:
+                                break
                 else:
                     client.post(served.url + "/v1/chat/completions", json=body)
             except httpx.ReadTimeout:
