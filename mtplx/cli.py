@@ -182,6 +182,8 @@ def tui(
                                           help="With --attach: the server's API key (sent as a bearer token)."),
     context_window: Optional[int] = typer.Option(None, "--context-window", min=256, help="Tokens of context (prompt + "
                                                  "reply) to allow; default: the model's max_position_embeddings."),
+    replay: Optional[Path] = typer.Option(None, "--replay", exists=True, dir_okay=False,
+                                          help="Open the replay screen on this transcript (the `mtplx replay` format)."),
 ) -> None:
     """The workbench: chat, watch restores, anchors and acceptance live, replay transcripts, browse receipts."""
     from tui.app import MtplxApp
@@ -207,7 +209,7 @@ def tui(
             from mtplx.server.background import BackgroundServer
 
             server = BackgroundServer(create_app(engine, model), sock=sock).start()
-        workbench = MtplxApp(engine, model, max_tokens, server.url if server else None)
+        workbench = MtplxApp(engine, model, max_tokens, server.url if server else None, replay_file=replay)
         import signal
 
         # SIGTERM (a closed tmux pane, a service manager) quits like ctrl+q, so the bank is flushed.

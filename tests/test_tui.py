@@ -463,3 +463,26 @@ def test_attach_sees_the_bank_survives_a_restart_and_sends_the_api_key(banked_en
     finally:
         for server in servers[1:]:
             server.stop()
+
+
+def test_tui_replay_file_opens_on_it(banked_engine, tmp_path):
+    """`mtplx tui --replay FILE`: the replay screen opens with one's own transcript loaded; a file
+    that is not a transcript says so instead of failing."""
+    import asyncio
+
+    from mtplx.replay.transcript import Transcript, Turn
+
+    own = tmp_path / "mine.json"
+    own.write_text(Transcript("mine", "my own session", (Turn("s1", {"messages": [{"role": "user", "content": "hi"}]}),))
+                   .to_json())
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"not": "a transcript"}')
+
+    async def flow(path, expected):
+        app = MtplxApp(engine=banked_engine, model_name="tiny-dense", replay_file=path)
+        async with app.run_test(size=SIZE) as pilot:
+            await _until(pilot, lambda: type(app.screen).__name__ == "ReplayScreen", "the replay screen")
+            await _until(pilot, lambda: expected in str(app.screen.query_one("#replay-status").render()), expected)
+
+    asyncio.run(flow(own, "mine: 1 turns — my own session"))
+    asyncio.run(flow(broken, "cannot replay broken.json"))

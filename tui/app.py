@@ -44,11 +44,11 @@ class MtplxApp(App):
 
     def __init__(self, engine=None, model_name: str = "", max_tokens: int = 256, server_url: str | None = None,
                  attach_url: str | None = None, receipts_store=None, api_key: str | None = None,
-                 reconnect_s: float = 1.0):
+                 reconnect_s: float = 1.0, replay_file: Path | None = None):
         super().__init__()
         self.engine, self.model_name, self.max_tokens = engine, model_name, max_tokens
         self.server_url, self.attach_url, self.receipts_store = server_url, attach_url, receipts_store
-        self.api_key, self.reconnect_s = api_key, reconnect_s
+        self.api_key, self.reconnect_s, self.replay_file = api_key, reconnect_s, replay_file
         self.watch = None
         self._ssd_warned = False
 
@@ -65,6 +65,8 @@ class MtplxApp(App):
             self.engine.listeners += [self._from_engine, self.watch]
         if self.attach_url:
             self.follow()
+        if self.replay_file is not None:
+            self.action_replay()
 
     def _from_engine(self, event) -> None:  # called on the engine thread: only hand over
         self.post_message(EngineEventArrived(event))
@@ -101,7 +103,7 @@ class MtplxApp(App):
 
     def action_replay(self) -> None:
         if self.engine is not None:
-            self.push_screen(ReplayScreen())
+            self.push_screen(ReplayScreen(file=self.replay_file))
         else:
             self.notify("replay needs the embedded engine (not available in attach mode)", severity="warning")
 

@@ -21,9 +21,11 @@ class ReplayScreen(Screen):
                 ("c", "compare_arms", "Compare bank on/off"), ("escape", "app.pop_screen", "Back")]
     ARMS = ("bank", "no-bank")
 
-    def __init__(self, folder: Path = SAMPLES):
+    def __init__(self, folder: Path = SAMPLES, file: Path | None = None):
+        """`file`: one's own transcript (`mtplx tui --replay FILE`), listed first and loaded."""
         super().__init__()
-        self.files = sorted(folder.glob("*.json"))
+        self.files = ([Path(file)] if file is not None else []) + sorted(folder.glob("*.json"))
+        self.preload = file is not None
         self.transcript = None
         self.cursor = 0
         self.busy = False
@@ -42,12 +44,23 @@ class ReplayScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#replay-turns", DataTable).add_columns(*COLUMNS)
+        if self.preload:
+            self.load(0)
 
     @on(ListView.Selected, "#files")
     def pick(self, event: ListView.Selected) -> None:
+        self.load(event.list_view.index)
+
+    def load(self, index: int) -> None:
+        from mtplx.errors import MtplxError
         from mtplx.replay.transcript import load
 
-        self.transcript = load(self.files[event.list_view.index])
+        try:
+            self.transcript = load(self.files[index])
+        except (MtplxError, OSError, ValueError) as exc:  # one's own file may not be a transcript
+            self.transcript = None
+            self.status(f"cannot replay {self.files[index].name}: {exc}")
+            return
         self.cursor = 0
         self.query_one("#replay-turns", DataTable).clear()
         self.status(f"{self.transcript.name}: {len(self.transcript.turns)} turns — {self.transcript.description}")
@@ -118,6 +131,11 @@ class ReplayScreen(Screen):
 
         self.cursor = i + 1
         ratio = reuse_ratio(restored.cached_tokens, restored.ceiling) if restored else None
+        if i == 0 and restored is not None and restored.cached_tokens:
+            # `mtplx replay` rejects a warm first turn; here it is shown, and said, not hidden
+            self.app.notify(f"the bank is warm: turn 0 restored {restored.cached_tokens} tokens, so these numbers "
+                            "differ from a cold `mtplx replay`; c replays on fresh engines", title="warm bank",
+                            severity="warning", timeout=8)
         f = lambda v, spec="": "-" if v is None else format(v, spec)
         self.query_one("#replay-turns", DataTable).add_row(
             str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens), f(ratio, ".2f"),
