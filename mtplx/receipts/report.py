@@ -11,15 +11,25 @@ def _f(value, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def ratio_text(cached: int | None, ceiling: int | None) -> str:
+    """The reuse ratio as every view prints it: two decimals, '-' without a ceiling, and a '+'
+    when more was restored than the ceiling counted as knowable (the ratio is capped at 1; the
+    '+' keeps the excess visible instead of hiding it)."""
+    ratio = reuse_ratio(cached, ceiling)
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}" + ("+" if (cached or 0) > ceiling else "")
+
+
 def listing(rows: list[dict]) -> str:
     """Newest first, as the TUI shows them; ratio to two decimals, TTFT to milliseconds."""
     head = (f"{'id':<28} {'utc':<23} {'source':<8} {'session':<12} {'prompt':>6} {'ceil':>6} {'cached':>6} {'ratio':>5} "
             f"{'TTFT':>7} {'tok/s':>6} {'finish':<10} shortfall")
     lines = [head]
     for r in sorted(rows, key=lambda r: r["id"], reverse=True):
-        ratio = reuse_ratio(r.get("cached_tokens"), r.get("ceiling"))
+        ratio = ratio_text(r.get("cached_tokens"), r.get("ceiling"))
         lines.append(f"{r['id']:<28} {r['created_utc'][:23]:<23} {r['source'] or '-':<8} {(r['session'] or '-')[:12]:<12} "
-                     f"{_f(r['prompt_tokens']):>6} {_f(r['ceiling']):>6} {_f(r['cached_tokens']):>6} {_f(ratio, '.2f'):>5} "
+                     f"{_f(r['prompt_tokens']):>6} {_f(r['ceiling']):>6} {_f(r['cached_tokens']):>6} {ratio:>5} "
                      f"{_f(r['ttft_first_token_s'], '.3f'):>7} {_f(r['decode_tps'], '.1f'):>6} {r['finish_reason'] or '-':<10} "
                      f"{r['shortfall'] or ''}")
     return "\n".join(lines)

@@ -20,9 +20,10 @@ HELP = """[b]mtplx — keys[/b] (f1 works while typing; ctrl+p lists every actio
 [b]reading the panels[/b]
   turns      newest first: prompt tokens, the reuse ceiling (tokens known when the
              previous turn ended), cached (restored from the bank), ratio = cached /
-             ceiling, TTFT, decode speed, tau (tokens per verify), session, where the
-             restore came from, finish as the client saw it, why a turn fell short;
-             narrow terminals drop the later columns first. The chart: TTFT and ratio
+             ceiling ('+' when more was restored than the ceiling counted), TTFT,
+             decode speed, tau (tokens per verify), session, where the restore came
+             from, finish as the client saw it, why a turn fell short; narrow
+             terminals drop the later columns first. The chart: TTFT and ratio
   bank       one row per entry (live: updated on every store and restore); "ahead"
              marks a render-ahead entry (the next turn's expected rendering); the
              strip: H head, M message end, P prompt end, G generation end, # grid,

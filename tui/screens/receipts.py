@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input
 
-from mtplx.bank.spans import reuse_ratio
+from mtplx.receipts.report import ratio_text
 
 # the key numbers first, so TTFT stays on screen at 80 columns; the id (for `receipts show`) last
 COLUMNS = ("utc", "session", "src", "prompt", "ceil", "cached", "ratio", "TTFT s", "tok/s", "finish", "id", "shortfall")
@@ -16,9 +16,9 @@ COLUMNS = ("utc", "session", "src", "prompt", "ceil", "cached", "ratio", "TTFT s
 
 def cells(r: dict) -> tuple[str, ...]:
     f = lambda v, spec="": "-" if v is None else format(v, spec)
-    ratio = reuse_ratio(r.get("cached_tokens"), r.get("ceiling"))
+    ratio = ratio_text(r.get("cached_tokens"), r.get("ceiling"))
     return ((r["created_utc"] or "")[11:19], (r["session"] or "-")[:10], (r["source"] or "-")[:6], f(r["prompt_tokens"]),
-            f(r["ceiling"]), f(r["cached_tokens"]), f(ratio, ".2f"), f(r["ttft_first_token_s"], ".3f"),
+            f(r["ceiling"]), f(r["cached_tokens"]), ratio, f(r["ttft_first_token_s"], ".3f"),
             f(r["decode_tps"], ".1f"), r["finish_reason"] or "-", r["id"][:14], (r["shortfall"] or "")[:40])
 
 

@@ -127,10 +127,9 @@ class ReplayScreen(Screen):
         self.busy = False
 
     def add_turn(self, i: int, session: str, restored, finished) -> None:
-        from mtplx.bank.spans import reuse_ratio
+        from mtplx.receipts.report import ratio_text
 
         self.cursor = i + 1
-        ratio = reuse_ratio(restored.cached_tokens, restored.ceiling) if restored else None
         if i == 0 and restored is not None and restored.cached_tokens:
             # `mtplx replay` rejects a warm first turn; here it is shown, and said, not hidden
             self.app.notify(f"the bank is warm: turn 0 restored {restored.cached_tokens} tokens, so these numbers "
@@ -138,7 +137,8 @@ class ReplayScreen(Screen):
                             severity="warning", timeout=8)
         f = lambda v, spec="": "-" if v is None else format(v, spec)
         self.query_one("#replay-turns", DataTable).add_row(
-            str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens), f(ratio, ".2f"),
+            str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens),
+            ratio_text(restored.cached_tokens, restored.ceiling),
             f(finished.stats.get("ttft_s") if finished else None, ".3f"), restored.source, restored.anchor or "-",
             restored.shortfall or "")
         self.status(f"{self.transcript.name}: turn {self.cursor}/{len(self.transcript.turns)} done")

@@ -12,6 +12,7 @@ from textual.widgets import DataTable
 
 from mtplx.bank.spans import reuse_ratio
 from mtplx.events import Finished, Queued, Restored
+from mtplx.receipts.report import ratio_text
 
 # (key, label, width, priority: lower survives longer)
 COLUMNS = (("turn", "#", 3, 0), ("session", "session", 10, 3), ("source", "src", 6, 8), ("prompt", "prompt", 6, 1),
@@ -43,7 +44,7 @@ class TurnRecord:
         s, r, f = self.finished.stats, self.restored, self.finished
         return {"turn": str(self.number), "session": _short(self.session or "-", 10), "source": self.source,
                 "prompt": str(f.prompt_tokens), "ceiling": str(r.ceiling) if r and r.ceiling is not None else "-",
-                "cached": str(f.cached_tokens), "ratio": f"{self.ratio:.2f}" if self.ratio is not None else "-",
+                "cached": str(f.cached_tokens), "ratio": ratio_text(f.cached_tokens, r.ceiling if r else None),
                 "ttft": f"{s['ttft_s']:.3f}" if s.get("ttft_s") is not None else "-",
                 "tps": f"{s['decode_tps']:.1f}" if s.get("decode_tps") else "-",
                 "tau": f"{s['tau']:.2f}" if s.get("tau") else "-", "from": r.source if r else "-",
