@@ -109,12 +109,19 @@ class SessionBank:
         return ram + [v for k, v in self.ssd_views.items() if k not in self.entries]
 
     def summary(self) -> list[dict]:
-        """Plain data about every entry (for the TUI and the API; call on the engine thread)."""
-        return [{"id": e.entry_id, "session": e.session, "tokens": len(e.tokens), "bytes": e.nbytes, "hits": e.hits,
-                 "checkpoints": sorted(e.checkpoints), "anchors": [(a.position, a.kind) for a in e.anchors],
-                 "mtp": e.mtp is not None, "age_s": time.time() - e.created, "last_restore": e.last_restore,
-                 "origin": e.origin}
-                for e in sorted(self.entries.values(), key=lambda e: -e.last_used)]
+        """Plain data about every entry (for the TUI and the API; call on the engine thread): RAM
+        entries, most recently used first, then those only on SSD (after a restart, most are)."""
+        ram = [{"id": e.entry_id, "session": e.session, "tokens": len(e.tokens), "bytes": e.nbytes, "hits": e.hits,
+                "checkpoints": sorted(e.checkpoints), "anchors": [(a.position, a.kind) for a in e.anchors],
+                "mtp": e.mtp is not None, "age_s": time.time() - e.created, "last_restore": e.last_restore,
+                "origin": e.origin, "tier": "ram"}
+               for e in sorted(self.entries.values(), key=lambda e: -e.last_used)]
+        ssd = [{"id": v.entry_id, "session": v.session, "tokens": len(v.tokens), "bytes": v.nbytes, "hits": 0,
+                "checkpoints": sorted(set(v.restorable or ()) - {len(v.tokens)}),
+                "anchors": [(a.position, a.kind) for a in v.anchors], "mtp": v.mtp_len is not None, "age_s": None,
+                "last_restore": None, "origin": "turn", "tier": "ssd"}
+               for k, v in sorted(self.ssd_views.items(), key=lambda kv: -kv[1].last_used) if k not in self.entries]
+        return ram + ssd
 
     def health(self) -> dict:
         """Plain data for /health and the TUI (safe to read from any thread)."""

@@ -15,6 +15,8 @@ def ratio_text(cached: int | None, ceiling: int | None) -> str:
     """The reuse ratio as every view prints it: two decimals, '-' without a ceiling, and a '+'
     when more was restored than the ceiling counted as knowable (the ratio is capped at 1; the
     '+' keeps the excess visible instead of hiding it)."""
+    if ceiling == 0 and cached:  # nothing counted as knowable, yet something was restored
+        return "+"
     ratio = reuse_ratio(cached, ceiling)
     if ratio is None:
         return "-"

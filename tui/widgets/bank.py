@@ -67,7 +67,8 @@ class BankTable(DataTable):
             self.clear()
         for e in entries:
             cells = {"session": short(str(e["session"] or "-"), 10),
-                     "origin": "ahead" if e.get("origin") == "render_ahead" else "turn",
+                     "origin": ("ahead" if e.get("origin") == "render_ahead" else
+                                "ssd" if e.get("tier") == "ssd" else "turn"),  # ssd: on disk only, not in RAM
                      "tokens": str(e["tokens"]), "hits": str(e["hits"]), "kib": f"{e['bytes'] / 1024:.0f}"}
             self.add_row(*(cells[k] for k in self.shape[0]),
                          anchor_strip(e["tokens"], e["anchors"], e["checkpoints"], self.shape[1]), key=e["id"])
