@@ -486,3 +486,34 @@ def test_tui_replay_file_opens_on_it(banked_engine, tmp_path):
 
     asyncio.run(flow(own, "mine: 1 turns — my own session"))
     asyncio.run(flow(broken, "cannot replay broken.json"))
+
+
+def test_receipt_drill_down(tmp_path):
+    """Enter on a receipt (newest first) opens it: its numbers, acceptance by depth, and the raw
+    request pretty-printed."""
+    import asyncio
+    import json
+
+    from mtplx.receipts.store import ReceiptStore
+
+    store = ReceiptStore(tmp_path / "r.db")
+    body = {"messages": [{"role": "user", "content": "drill into me"}], "max_tokens": 8}
+    for i in range(2):
+        store.add({"id": f"r000000000000000000{i}", "created_utc": f"2026-12-01T00:00:0{i}.000+00:00", "source": "api",
+                   "session": "agent", "prompt_tokens": 100 + i, "ceiling": 90, "cached_tokens": 90, "tau": 2.5,
+                   "ttft_first_token_s": 0.25, "drafted_by_depth": "[4, 3]", "accepted_by_depth": "[3, 2]",
+                   "finish_reason": "tool_calls", "request_json": json.dumps(body)})
+
+    async def flow():
+        app = MtplxApp(engine=None, model_name="tiny-dense", receipts_store=store)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("f3")
+            await _until(pilot, lambda: app.screen.query("#receipts") and app.screen.query_one("#receipts").row_count == 2,
+                         "receipts loaded")
+            await pilot.press("enter")
+            await _until(pilot, lambda: type(app.screen).__name__ == "TurnScreen", "the receipt opened")
+            numbers = str(app.screen.query_one("#turn-numbers").render())
+            assert "prompt 101" in numbers and "d1 3/4  d2 2/3" in numbers and "finish tool_calls" in numbers
+            assert '"content": "drill into me"' in str(app.screen.query_one("#turn-request").render())
+
+    asyncio.run(flow())
