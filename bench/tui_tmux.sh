@@ -41,7 +41,7 @@ for m in "First, list the files." "Then read the tests." "Finally, summarise."; 
   tmux send-keys -t $S "$m"; sleep 0.05; tmux send-keys -t $S Enter; sleep 0.1
 done
 sleep 0.3; cap 03-chat-three-sends-queued
-wait_gone "queued" 180; wait_for "done:" 120; sleep 1; cap 04-chat-three-answered-in-order
+wait_gone "queued" 180; wait_for "▌ 4 " 120; sleep 1; cap 04-chat-three-answered-in-order
 
 # 2. an external agent's request, while the TUI runs
 # (a long file in the message, so its prefill is long enough to watch in the requests panel)
