@@ -74,6 +74,18 @@ def test_dashboard_with_turns_and_anchors(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=_busy_dashboard(app))
 
 
+def test_charts_screen(snap_compare):
+    """f7: TTFT by turn (bars) and by prompt tokens computed (points), with labelled axes."""
+    app = app_with()
+
+    async def run_before(pilot):
+        await _busy_dashboard(app)(pilot)
+        await pilot.press("f7")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
 def test_turn_drill_down(snap_compare):
     """Enter on the newest turn: its numbers, the entry it restored from drawn with its cut."""
     app = app_with()

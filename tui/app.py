@@ -30,6 +30,7 @@ ACTIONS = (  # (action, title, help): the key bindings, the command palette and 
     ("focus_turns", "Focus the turns table", "Arrow keys pick a turn; the anchor map shows its restore"),
     ("focus_bank", "Focus the bank table", "Arrow keys pick an entry; the anchor map draws it"),
     ("focus_chat", "Focus the chat input", "Type a message; enter sends (queued while a reply generates)"),
+    ("charts", "TTFT charts", "TTFT by turn and by prompt tokens computed, with axes"),
     ("help", "Keys and panels", "Every key and what each panel shows"),
     ("quit", "Quit", "Cancel turns in flight, stop the server and the engine"),
 )
@@ -40,7 +41,7 @@ class MtplxApp(App):
     TITLE = "mtplx"
     BINDINGS = [("ctrl+q", "quit", "Quit"), ("ctrl+l", "new_chat", "New chat"), ("f2", "replay", "Replay"),
                 ("f3", "receipts", "Receipts"), ("f1", "help", "Help"), ("f4", "focus_turns", "Turns"),
-                ("f5", "focus_bank", "Bank"), ("f6", "focus_chat", "Chat")]
+                ("f5", "focus_bank", "Bank"), ("f6", "focus_chat", "Chat"), ("f7", "charts", "Charts")]
 
     def __init__(self, engine=None, model_name: str = "", max_tokens: int = 256, server_url: str | None = None,
                  attach_url: str | None = None, receipts_store=None, api_key: str | None = None,
@@ -109,6 +110,12 @@ class MtplxApp(App):
 
     def action_receipts(self) -> None:
         self.push_screen(ReceiptsScreen(self.receipts_store))
+
+    def action_charts(self) -> None:
+        from tui.screens.charts import ChartsScreen
+        from tui.widgets.turns import TurnTable
+
+        self.push_screen(ChartsScreen(self.dashboard.query_one(TurnTable).records))
 
     def action_new_chat(self) -> None:
         self.chat.new_chat()

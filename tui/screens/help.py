@@ -15,6 +15,7 @@ HELP = """[b]mtplx — keys[/b] (f1 works while typing; ctrl+p lists every actio
   enter      on a turn or a receipt: its numbers, receipt, raw request, restored entry
   f2         replay a frozen transcript: n next turn, a run all, c compare bank on/off
   f3         browse receipts (one row per turn, any source, newest first)
+  f7         TTFT charts with axes: by turn, and by prompt tokens computed
   f1         this help          escape  back          ctrl+q  quit
 
 [b]reading the panels[/b]
