@@ -57,6 +57,11 @@ def build(root: Path) -> dict:
     rows["DeepSeek-V3-style MTP (model.layers.N)"] = (str(standins.build("deepseek_v3", root / "deepseek_v3", tiny)), True)
     rows["Llama (eos list in generation_config)"] = (str(standins.build(
         "llama", root / "llama", tiny, generation_config={"eos_token_id": [2, 7]})), False)
+    llama3 = standins.llama3_tokenizer(root / "llama3-tokenizer")
+    specials = {t["content"]: t["id"] for t in json.loads((llama3 / "tokenizer.json").read_text())["added_tokens"]}
+    rows["Llama (Llama 3's real chat template and special tokens)"] = (str(standins.build(
+        "llama", root / "llama3-template", llama3,
+        generation_config={"eos_token_id": [specials["<|end_of_text|>"], specials["<|eot_id|>"]]})), False)
     rows["Gemma 2 (final logit softcap)"] = (str(standins.build("gemma2", root / "gemma2", tiny)), False)
     rows["Gemma 3 (multimodal wrapper)"] = (str(standins.build("gemma3", root / "gemma3", tiny)), False)
     return rows
