@@ -62,6 +62,8 @@ def build(root: Path) -> dict:
     rows["Llama (Llama 3's real chat template and special tokens)"] = (str(standins.build(
         "llama", root / "llama3-template", llama3,
         generation_config={"eos_token_id": [specials["<|end_of_text|>"], specials["<|eot_id|>"]]})), False)
+    rows["Gemma 3 (Gemma 3's real chat template and turn tokens)"] = (str(standins.build(
+        "gemma3", root / "gemma3-template", standins.family_tokenizer("gemma3", root / "gemma3-tokenizer"))), False)
     rows["Gemma 2 (final logit softcap)"] = (str(standins.build("gemma2", root / "gemma2", tiny)), False)
     rows["Gemma 3 (multimodal wrapper)"] = (str(standins.build("gemma3", root / "gemma3", tiny)), False)
     return rows

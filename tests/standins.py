@@ -246,23 +246,34 @@ def hub_cache(root: Path, repo_id: str, model_dir: Path, commit: str = "01234567
     return snap
 
 
-LLAMA3 = Path(__file__).resolve().parent / "fixtures" / "llama3"
-LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# family -> (special tokens added to the tiny tokenizer, bos, eos), for the vendored real templates
+FAMILY_TOKENS = {
+    "llama3": (("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+               "<|begin_of_text|>", "<|eot_id|>"),
+    "gemma3": (("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<end_of_turn>"),
+}
 
 
-def llama3_tokenizer(dest: Path) -> Path:
-    """The tiny tokenizer with Llama 3's special tokens added and Llama 3's real chat template
-    (tests/fixtures/llama3): the template's markup and end-of-turn token are the real ones."""
+def family_tokenizer(family: str, dest: Path) -> Path:
+    """The tiny tokenizer with a family's special tokens added and its real chat template
+    (tests/fixtures/<family>): the template's markup and end-of-turn token are the real ones."""
+    specials, bos, eos = FAMILY_TOKENS[family]
     dest.mkdir(parents=True, exist_ok=True)
     data = json.loads((TINY.parent / "tiny-dense" / "tokenizer.json").read_text())
     next_id = max(list(data["model"]["vocab"].values()) + [t["id"] for t in data["added_tokens"]]) + 1
-    for i, content in enumerate(LLAMA3_SPECIALS):
+    for i, content in enumerate(specials):
         data["added_tokens"].append({"id": next_id + i, "content": content, "single_word": False, "lstrip": False,
                                      "rstrip": False, "normalized": False, "special": True})
     (dest / "tokenizer.json").write_text(json.dumps(data))
     config = json.loads((TINY.parent / "tiny-dense" / "tokenizer_config.json").read_text())
-    config.update(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", pad_token=None,
-                  chat_template=(LLAMA3 / "chat_template.jinja").read_text())
+    config.update(bos_token=bos, eos_token=eos, pad_token=None,
+                  chat_template=(FIXTURES / family / "chat_template.jinja").read_text())
     config.pop("added_tokens_decoder", None)
     (dest / "tokenizer_config.json").write_text(json.dumps(config))
     return dest
+
+
+def llama3_tokenizer(dest: Path) -> Path:
+    return family_tokenizer("llama3", dest)

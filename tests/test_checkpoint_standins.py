@@ -435,3 +435,26 @@ def test_llama3_end_of_turn_is_an_end_of_sequence_id(built, engines):
     tok = engine.checkpoint.tokenizer
     eot, eos = tok.convert_tokens_to_ids("<|eot_id|>"), tok.convert_tokens_to_ids("<|end_of_text|>")
     assert {eot, eos} <= engine.eos_ids
+
+
+def test_gemma3_real_template_refuses_tool_turns_with_a_clean_400(tmp_path):
+    """Gemma 3's own template has no tool role: a conversation with one is a 400 carrying the
+    template's message, never a 500; a plain chat on it is served."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.server.app import create_app
+
+    path = standins.build("gemma3", tmp_path / "g3", standins.family_tokenizer("gemma3", tmp_path / "tok"))
+    engine = Engine(path, EngineConfig(chunk_size=64)).start()
+    call = {"id": "c0", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Read a.py."}]
+    try:
+        with TestClient(create_app(engine, "g3")) as client:
+            r = client.post("/v1/chat/completions", json={"messages": chat, "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            r = client.post("/v1/chat/completions", json={"max_tokens": 4, "tools": TOOLS, "messages": chat + [
+                {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c0", "content": "x"}]})
+            assert r.status_code == 400 and "alternate" in r.json()["error"]["message"]
+        assert engine.checkpoint.tokenizer.convert_tokens_to_ids("<end_of_turn>") in engine.eos_ids
+    finally:
+        engine.stop()
