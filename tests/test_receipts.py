@@ -89,3 +89,24 @@ def test_writer_folds_a_turn_from_engine_events(tmp_path, dense_engine):
     assert r["session"] == "s" and r["source"] == "tui" and r["completion_tokens"] == fin.completion_tokens
     assert r["ttft_first_token_s"] > 0 and r["request_json"] == '{"hello": 1}' and len(r["output_sha256"]) == 64
     assert r["model_identity"] == dense_engine.checkpoint.identity and r["restore_source"] == "cold"
+
+
+def test_a_replay_completes_the_servers_row_instead_of_adding_one():
+    """A replay against an mtplx server sharing the store: one row per turn, with the server's
+    restore source, tau and acceptance and the replay's run, ceiling and client-side TTFT."""
+    from mtplx.receipts.store import ReceiptStore
+
+    store = ReceiptStore(":memory:")
+    server_row = {"id": "r1", "created_utc": "2026-12-01T10:00:00.500+00:00", "session": "run-s1/abc123", "source": "api",
+                  "ceiling": 40, "cached_tokens": 90, "restore_source": "ram", "anchor": "message", "tau": 2.5,
+                  "drafted_by_depth": "[4]", "accepted_by_depth": "[3]", "ttft_first_token_s": 0.01}
+    store.add(server_row)
+    fields = {"source": "replay", "arm": None, "replay_run": "run", "turn_index": 1, "ceiling": 95,
+              "ttft_first_token_s": 0.03, "ttft_first_visible_s": 0.05}
+    assert store.claim("run-s1", "2026-12-01T10:00:00.000+00:00", fields) == "r1"
+    rows = store.rows()
+    assert len(rows) == 1 and rows[0]["source"] == "replay" and rows[0]["restore_source"] == "ram"
+    assert rows[0]["tau"] == 2.5 and rows[0]["ceiling"] == 95 and rows[0]["ttft_first_token_s"] == 0.03
+    # claimed once: a second turn of the same session finds no unclaimed row (its caller adds one)
+    assert store.claim("run-s1", "2026-12-01T10:00:00.000+00:00", fields) is None
+    assert store.claim("other-s1", "2026-12-01T09:00:00.000+00:00", fields) is None

@@ -108,6 +108,25 @@ class ReceiptStore:
             log.warning("receipt %s not stored: %s", row.get("id"), exc)
             return False
 
+    def claim(self, session: str, since_utc: str, fields: dict) -> str | None:
+        """Complete the server's own row for a turn a replay client just sent (an in-process or
+        local mtplx server sharing this store) with the replay's fields, so a turn has one row
+        with the server's restore source, anchor, tau, acceptance and speed. Returns its id, or
+        None when there is no such row (another server, another home): the caller adds its own."""
+        if not self.writable or "receipts" not in self.db.table_names():
+            return None
+        try:
+            # the server may scope the client's session id ("<session>/<hash of system + tools>")
+            found = self.rows("(session = ? or session like ?) and created_utc >= ? and replay_run is null "
+                              "and source = 'api'", (session, session + "/%", since_utc))
+            if not found:
+                return None
+            self.db["receipts"].update(found[-1]["id"], fields)
+            return found[-1]["id"]
+        except sqlite3.Error as exc:
+            log.warning("receipt for %s not completed: %s", session, exc)
+            return None
+
     def rows(self, where: str | None = None, params: tuple = (), limit: int | None = None) -> list[dict]:
         if "receipts" not in self.db.table_names():
             return []

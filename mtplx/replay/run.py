@@ -85,6 +85,7 @@ def replay(transcript: Transcript, base_url: str, *, run_id: str, arm: str | Non
         for i, (turn, (local_prompt, ceiling)) in enumerate(zip(transcript.turns, expected)):
             if i and pause_s:
                 time.sleep(pause_s)
+            started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
             result = stream_turn(client, base_url, turn.body, {"x-session-id": f"{run_id}-{turn.session}", **(headers or {})})
             if i == 0 and result.cached_tokens:
                 raise ReplayRejected(f"the first turn came back with {result.cached_tokens} cached tokens: the server "
@@ -101,10 +102,17 @@ def replay(transcript: Transcript, base_url: str, *, run_id: str, arm: str | Non
             turns.append(row)
             echo(f"turn {i:>2} {turn.session:<3} prompt {result.prompt_tokens:>5} ceiling {ceiling if ceiling is not None else '-':>5} "
                  f"cached {result.cached_tokens:>5} TTFT {result.ttft_first_token_s or 0:6.3f}s finish {result.finish_reason}")
-            if store is not None:
-                store.add(_store_row(row, run_id, arm, model, turn, transcript))
+            if store is not None:  # one row per turn: the server's own, completed, when it shares the store
+                own = _store_row(row, run_id, arm, model, turn, transcript)
+                if not store.claim(own["session"], started, {k: own[k] for k in CLAIMED}):
+                    store.add(own)
     return {"run_id": run_id, "transcript": transcript.name, "base_url": base_url, "model": model, "arm": arm, "pause_s": pause_s,
             "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "turns": turns}
+
+
+# What a replay knows better than the server's row: who sent it, the run, the transcript's
+# ceiling, and the TTFTs an agent experiences (measured at the client).
+CLAIMED = ("source", "arm", "replay_run", "turn_index", "ceiling", "ttft_first_token_s", "ttft_first_visible_s")
 
 
 def _store_row(row: dict, run_id: str, arm, model: str, turn, transcript) -> dict:

@@ -43,7 +43,12 @@ def run_replay(path: Path, base_url: str | None, model: str, arms: list[str], pa
             if url is None:
                 from mtplx.launch import serve_in_process
 
+                from mtplx.receipts.writer import ReceiptWriter
+
                 engine, server = serve_in_process(model, arm)
+                # the server's rows carry the bank's side (restore source, anchor, tau, acceptance,
+                # speed); replay() completes each with the run's fields: one row per turn
+                engine.listeners.append(ReceiptWriter(store, model, engine.checkpoint.identity))
                 url = server.url
             receipt = replay(transcript, url, run_id=run_id, arm=arm or None, tokenizer=tokenizer, model=model,
                              store=store, echo=echo, pause_s=pause_s)
