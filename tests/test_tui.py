@@ -154,9 +154,9 @@ def test_replay_screen_mid_way(snap_compare, tmp_path, size):
         screen.query_one("#files").index = 0
         await pilot.press("enter")
         turn = _turn("r1", 564, 0, "x", [4], [3])
-        screen.add_turn(0, "s1", turn[1], turn[-1])
+        screen.add_turn(0, "s1", turn[1], turn[-1], None)
         warm = Restored("r2", 615, 563, "ram", "prompt_end", 561, None)
-        screen.add_turn(1, "s1", warm, turn[-1])
+        screen.add_turn(1, "s1", warm, turn[-1], 561)
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
@@ -529,3 +529,54 @@ def test_receipt_drill_down(tmp_path):
             assert '"content": "drill into me"' in str(app.screen.query_one("#turn-request").render())
 
     asyncio.run(flow())
+
+
+def test_tui_replay_numbers_equal_mtplx_replay(tmp_path):
+    """The same transcript on a fresh bank: the replay screen (back to back, the default) prints
+    the prompt tokens, reuse ceiling and cached tokens `mtplx replay` records, turn for turn."""
+    import asyncio
+    import json
+
+    from mtplx.bank.bank import BankConfig
+    from mtplx.catalog import resolve
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.replay.session import run_replay
+    from mtplx.replay.transcript import Transcript, Turn
+    from tui.screens.replay import ReplayScreen
+
+    system = "You are a terse coding agent. " + " ".join(f"Rule {i}: answer in one line." for i in range(12))
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Name a prime."}]
+    turns = []
+    for i, (reply, ask) in enumerate([("Seven.", "Another?"), ("Eleven.", "And one more?")]):
+        turns.append(Turn("s1", {"messages": list(msgs), "max_tokens": 6, "temperature": 0}))
+        msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": ask}]
+    turns.append(Turn("s1", {"messages": list(msgs), "max_tokens": 6, "temperature": 0}))
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "same.json").write_text(Transcript("same", "three appends", tuple(turns)).to_json())
+
+    cli = json.loads(run_replay(folder / "same.json", None, "tiny-dense", [], 1, tmp_path / "r.json",
+                                echo=lambda line: None)[0].read_text())["turns"]
+    expected = [[str(t["prompt_tokens"]), str(t["ceiling"]) if t["ceiling"] is not None else "-", str(t["cached_tokens"])]
+                for t in cli]
+
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
+
+    async def flow():
+        app = MtplxApp(engine=engine, model_name="tiny-dense", max_tokens=6)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = ReplayScreen(folder)
+            await app.push_screen(screen)
+            await pilot.pause()
+            screen.query_one("#files").index = 0
+            await pilot.press("enter", "a")
+            table = screen.query_one("#replay-turns")
+            await _until(pilot, lambda: table.row_count == 3 and not screen.busy, "three turns replayed", steps=1200)
+            shown = [[str(c) for c in table.get_row_at(i)[2:5]] for i in range(3)]
+            assert shown == expected, (shown, expected)
+            assert int(expected[1][2]) > 0  # the warm turns did restore (the comparison is not of zeros)
+
+    try:
+        asyncio.run(flow())
+    finally:
+        engine.stop()

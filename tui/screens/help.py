@@ -13,7 +13,8 @@ HELP = """[b]mtplx — keys[/b] (f1 works while typing; ctrl+p lists every actio
   ctrl+l     new chat: a new session id (the bank keeps its entries)
   f4 / f5 / f6   focus the turns table / the bank table / the chat input
   enter      on a turn or a receipt: its numbers, receipt, raw request, restored entry
-  f2         replay a frozen transcript: n next turn, a run all, c compare bank on/off
+  f2         replay a frozen transcript: n next turn, a run all, p agent pauses between
+             turns on/off (off: back to back, as mtplx replay), c compare bank on/off
   f3         browse receipts (one row per turn, any source, newest first)
   f7         TTFT charts with axes: by turn, and by prompt tokens computed
   f1         this help          escape  back          ctrl+q  quit

@@ -17,7 +17,7 @@ COLUMNS = ("turn", "session", "prompt", "ceil", "cached", "ratio", "TTFT s", "fr
 
 
 class ReplayScreen(Screen):
-    BINDINGS = [("n", "next_turn", "Next turn"), ("a", "run_all", "Run all"),
+    BINDINGS = [("n", "next_turn", "Next turn"), ("a", "run_all", "Run all"), ("p", "toggle_pauses", "Agent pauses"),
                 ("c", "compare_arms", "Compare bank on/off"), ("escape", "app.pop_screen", "Back")]
     ARMS = ("bank", "no-bank")
 
@@ -29,6 +29,10 @@ class ReplayScreen(Screen):
         self.transcript = None
         self.cursor = 0
         self.busy = False
+        # Back to back by default, as `mtplx replay` sends turns; `p` lets render-ahead finish
+        # between turns, as an agent's tool time does (`mtplx replay --pause S`).
+        self.pauses = False
+        self.ceilings: list[int | None] = []
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -36,7 +40,8 @@ class ReplayScreen(Screen):
             with Vertical(id="picker"):
                 yield ListView(*[ListItem(Static(f.stem)) for f in self.files], id="files")
             with Vertical(id="replay-main"):
-                yield Static("pick a transcript, then n = next turn, a = run all, c = compare bank on/off",
+                yield Static("pick a transcript, then n = next turn, a = run all, p = agent pauses on/off, "
+                             "c = compare bank on/off",
                              id="replay-status")
                 yield DataTable(id="replay-turns", cursor_type="row")
                 yield Static("", id="replay-compare")
@@ -62,11 +67,17 @@ class ReplayScreen(Screen):
             self.status(f"cannot replay {self.files[index].name}: {exc}")
             return
         self.cursor = 0
+        self.ceilings = []
         self.query_one("#replay-turns", DataTable).clear()
         self.status(f"{self.transcript.name}: {len(self.transcript.turns)} turns — {self.transcript.description}")
 
     def status(self, text: str) -> None:
         self.query_one("#replay-status", Static).update(text)
+
+    def action_toggle_pauses(self) -> None:
+        self.pauses = not self.pauses
+        self.status("between turns: " + ("agent pauses (render-ahead finishes, as mtplx replay --pause)" if self.pauses
+                                         else "back to back (as mtplx replay)"))
 
     def action_next_turn(self) -> None:
         if self.transcript is not None and not self.busy and self.cursor < len(self.transcript.turns):
@@ -84,7 +95,11 @@ class ReplayScreen(Screen):
         from mtplx.engine.request import GenerationRequest
         from mtplx.engine.sampling import SamplingParams
 
+        from mtplx.replay.run import ceilings
+
         engine = self.app.engine
+        if not self.ceilings:  # the reuse ceiling as `mtplx replay` defines it, so both print the same numbers
+            self.ceilings = [c for _, c in ceilings(self.transcript, engine.checkpoint.tokenizer)]
         for i in range(first, first + count):
             turn = self.transcript.turns[i]
             body = turn.body
@@ -97,8 +112,9 @@ class ReplayScreen(Screen):
                 kind = type(event).__name__
                 restored = event if kind == "Restored" else restored
                 finished = event if kind == "Finished" else finished
-            engine.settle()  # an agent's tool time: render-ahead completes before the next turn
-            self.app.call_from_thread(self.add_turn, i, turn.session, restored, finished)
+            if self.pauses:
+                engine.settle()  # an agent's tool time: render-ahead completes before the next turn
+            self.app.call_from_thread(self.add_turn, i, turn.session, restored, finished, self.ceilings[i])
         self.busy = False
 
     def action_compare_arms(self) -> None:
@@ -126,7 +142,7 @@ class ReplayScreen(Screen):
         self.app.call_from_thread(self.status, f"{self.transcript.name}: arms compared")
         self.busy = False
 
-    def add_turn(self, i: int, session: str, restored, finished) -> None:
+    def add_turn(self, i: int, session: str, restored, finished, ceiling: int | None) -> None:
         from mtplx.receipts.report import ratio_text
 
         self.cursor = i + 1
@@ -137,8 +153,8 @@ class ReplayScreen(Screen):
                             severity="warning", timeout=8)
         f = lambda v, spec="": "-" if v is None else format(v, spec)
         self.query_one("#replay-turns", DataTable).add_row(
-            str(i), session, f(restored.prompt_tokens), f(restored.ceiling), f(restored.cached_tokens),
-            ratio_text(restored.cached_tokens, restored.ceiling),
+            str(i), session, f(restored.prompt_tokens), f(ceiling), f(restored.cached_tokens),
+            ratio_text(restored.cached_tokens, ceiling),
             f(finished.stats.get("ttft_s") if finished else None, ".3f"), restored.source, restored.anchor or "-",
             restored.shortfall or "")
         self.status(f"{self.transcript.name}: turn {self.cursor}/{len(self.transcript.turns)} done")
