@@ -327,3 +327,30 @@ def test_one_session_id_with_two_system_prompts_gets_no_borrowed_ceiling(url):
     # The second conversation shares only the template's first tokens with the first: a ceiling
     # borrowed from the session's previous turn would claim its whole system + user messages.
     assert seen[1].ceiling is not None and seen[1].ceiling <= seen[1].cached_tokens + 8 < 40
+
+
+def test_a_client_that_gives_up_during_prefill_finds_its_prompt_banked_on_retry(url):
+    """Claude Code abandons a request whose first token takes over 300 s and resends it: with a
+    bank, the abandoned prompt is finished (and stops at its first token), so the retry restores it."""
+    from mtplx.events import Finished, PrefillProgress
+
+    seen = []
+    url.engine.listeners.append(seen.append)
+    body = {"messages": [{"role": "system", "content": "You are a patient agent. " * 300}, {"role": "user", "content": ASK}],
+            "max_tokens": 8, "temperature": 0, "stream": True}
+    try:
+        with httpx.Client(timeout=120) as client, client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            while not any(isinstance(e, PrefillProgress) for e in seen):
+                time.sleep(0.01)
+        deadline = time.time() + 120
+        while not any(isinstance(e, Finished) for e in seen) and time.time() < deadline:
+            time.sleep(0.05)
+        first = next(e for e in seen if isinstance(e, Finished))
+        assert first.finish_reason == "cancelled" and first.completion_tokens <= 1
+        progress = [e for e in seen if isinstance(e, PrefillProgress) and e.request_id == first.request_id]
+        assert progress[-1].done == progress[-1].total  # the whole prompt was computed
+        retry = httpx.post(url + "/v1/chat/completions", json={**body, "stream": False}, timeout=120).json()["usage"]
+        assert retry["prompt_tokens_details"]["cached_tokens"] >= retry["prompt_tokens"] - 1
+    finally:
+        url.engine.listeners.remove(seen.append)
