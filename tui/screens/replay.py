@@ -156,5 +156,6 @@ class ReplayScreen(Screen):
             str(i), session, f(restored.prompt_tokens), f(ceiling), f(restored.cached_tokens),
             ratio_text(restored.cached_tokens, ceiling),
             f(finished.stats.get("ttft_s") if finished else None, ".3f"), restored.source, restored.anchor or "-",
-            restored.shortfall or "")
+            # the bank explains a miss against its own ceiling; shown only when this ceiling was missed too
+            (restored.shortfall or "") if ceiling is not None and restored.cached_tokens < ceiling else "")
         self.status(f"{self.transcript.name}: turn {self.cursor}/{len(self.transcript.turns)} done")
