@@ -580,3 +580,31 @@ def test_tui_replay_numbers_equal_mtplx_replay(tmp_path):
         asyncio.run(flow())
     finally:
         engine.stop()
+
+
+def test_keys_palette_and_in_flight_phases():
+    """F1 opens help while the chat input has focus (and closes it); the command palette lists
+    every action; the in-flight box names the phase: queued, prefill, decode."""
+    import asyncio
+
+    from tui.app import ACTIONS
+
+    async def flow():
+        app = app_with()
+        async with app.run_test(size=SIZE) as pilot:
+            assert app.focused is app.dashboard.query_one("#prompt")
+            await pilot.press("f1")
+            assert type(app.screen).__name__ == "HelpScreen"
+            await pilot.press("f1")
+            assert app.screen is app.dashboard
+            titles = {c.title for c in app.get_system_commands(app.screen)}
+            assert {title for action, title, _ in ACTIONS if action != "quit"} <= titles
+            box = app.dashboard.query_one("#inflight")
+            app.feed([Queued("r7", 0, SimpleNamespace(source="api", session="agent-7", prompt_tokens=300))])
+            assert "queued" in str(box.render())
+            app.feed([Restored("r7", 300, 100, "ram", "message", 120)])
+            assert "prefill" in str(box.render())
+            app.feed([FirstToken("r7", 0.2), Tokens("r7", (1, 2), "ab", "content")])
+            assert "decode" in str(box.render()) and "2 tokens" in str(box.render())
+
+    asyncio.run(flow())
