@@ -6,7 +6,7 @@ from mtplx.bank.anchors import Anchor, Markers, prompt_anchors, turn_ends
 from mtplx.bank.plan import (EntryView, MessageSpan, attribute_miss, common_prefix, plan_eviction, plan_restore,
                              superseded, thin_checkpoints)
 
-M = Markers(im_start=1, im_end=2, newline=3, system=(9,))
+M = Markers(turn_start=1, turn_end=2, newline=3, system=(9,))
 
 
 def convo(n_messages: int, body: int = 20) -> list[int]:

@@ -1,16 +1,18 @@
 """Anchor positions in a prompt: where a restore may land, found from the tokens alone.
 
-Kinds: "head" (end of the system/tools turn), "message" (end of each complete ChatML turn),
-"prompt_end", "generation_end", and a fixed "grid" fallback. The planner knows token lists and
+Kinds: "head" (end of the system/tools turn), "message" (end of each complete turn, by the
+template's own turn markers: see markers.py), "prompt_end", "generation_end", and a fixed "grid"
+fallback. The planner knows token lists and
 anchors, never text or arrays.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from mtplx.bank.markers import Markers  # noqa: F401  (re-exported: callers import it from here)
 
 HEAD, MESSAGE, PROMPT_END, GENERATION_END, GRID = "head", "message", "prompt_end", "generation_end", "grid"
 KINDS = (HEAD, MESSAGE, PROMPT_END, GENERATION_END, GRID)
@@ -28,29 +30,12 @@ def as_tokens(tokens) -> np.ndarray:
     return np.fromiter(tokens, dtype=np.int64, count=len(tokens))
 
 
-@dataclass(frozen=True)
-class Markers:
-    """Token ids of the ChatML structure (None where the tokenizer lacks them)."""
-
-    im_start: int | None
-    im_end: int | None
-    newline: int | None
-    system: tuple[int, ...] = ()
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer) -> "Markers":
-        vocab = tokenizer.get_vocab()
-        nl = tokenizer.encode("\n", add_special_tokens=False)
-        return cls(vocab.get("<|im_start|>"), vocab.get("<|im_end|>"), nl[0] if len(nl) == 1 else None,
-                   tuple(tokenizer.encode("system", add_special_tokens=False)))
-
-
 def turn_ends(prompt, markers: Markers) -> list[int]:
-    """Positions just after each `<|im_end|>` (and its newline), i.e. complete-turn ends."""
-    if markers.im_end is None:
+    """Positions just after each turn's closing token (and its newline), i.e. complete-turn ends."""
+    if markers.turn_end is None:
         return []
     arr = as_tokens(prompt)
-    ends = np.flatnonzero(arr == markers.im_end) + 1
+    ends = np.flatnonzero(arr == markers.turn_end) + 1
     if markers.newline is not None and ends.size:
         inside = ends < len(arr)
         ends[inside] += arr[ends[inside]] == markers.newline
@@ -58,12 +43,13 @@ def turn_ends(prompt, markers: Markers) -> list[int]:
 
 
 def head_end(prompt, markers: Markers, ends: list[int]) -> int | None:
-    """End of the leading system turn, when the prompt opens with one."""
-    if markers.im_start is None or len(prompt) == 0 or prompt[0] != markers.im_start or not ends:
+    """End of the leading system turn, when the prompt opens with one (after at most a BOS token)."""
+    if markers.turn_start is None or not markers.system or len(prompt) < 2 or not ends:
         return None
-    if tuple(int(t) for t in prompt[1 : 1 + len(markers.system)]) != markers.system:
+    first = 0 if prompt[0] == markers.turn_start else 1 if prompt[1] == markers.turn_start else None
+    if first is None or tuple(int(t) for t in prompt[first + 1 : first + 1 + len(markers.system)]) != markers.system:
         return None
-    return ends[0]
+    return next((e for e in ends if e > first), None)
 
 
 def prompt_anchors(prompt, markers: Markers, *, min_restore: int = 32, grid: int = 1024) -> list[Anchor]:

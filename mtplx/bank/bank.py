@@ -245,7 +245,7 @@ class SessionBank:
                                                          (gen.finish_reason == "stop" and not gen.stream.stopped)):
             from mtplx.bank.render_ahead import variants
 
-            for tokens in variants(self.tokenizer, request.chat, gen.stream.text):
+            for tokens in variants(self.tokenizer, request.chat, gen.stream.text, self.markers):
                 self.idle.append(self._prefill_variant(tokens, gen.use_mtp, self._session))
 
     def _feed_to_end(self, gen: Generation, target: list[int]) -> None:

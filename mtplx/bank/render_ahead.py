@@ -3,31 +3,36 @@
 An agent's next request is this conversation + the reply + either a tool result or a new user
 message. The template renders those differently (a new user message strips the reasoning of the
 turns since the last one), so each variant is rendered with a throwaway follow-up message and cut
-at the follow-up's `<|im_start|>`: what precedes it is exactly the next prompt's reusable prefix.
+at the follow-up's turn-opening token (the template's own, markers.py): what precedes it is exactly
+the next prompt's reusable prefix.
 """
 
 from __future__ import annotations
 
+from mtplx.bank.markers import Markers
 from mtplx.bank.plan import common_prefix
 from mtplx.chat import parse_reply, render
 
 _PROBE_A, _PROBE_B = "\u2063a", "\u2063b"  # two contents that differ only past the turn header
 
 
-def variants(tokenizer, chat: dict, reply_text: str) -> list[list[int]]:
+def variants(tokenizer, chat: dict, reply_text: str, markers: Markers | None = None) -> list[list[int]]:
     reply = parse_reply(reply_text)
     base = list(chat["messages"]) + [reply]
     tools, thinking = chat.get("tools"), chat.get("enable_thinking")
-    start_id = tokenizer.get_vocab().get("<|im_start|>")
+    start_id = (markers or Markers.from_tokenizer(tokenizer)).turn_start
     if start_id is None:
         return []
     out: list[list[int]] = []
     # Both follow-ups: clients send tool results even after replies no parser recognised as a call.
     for role in ("tool", "user") if reply.get("tool_calls") else ("user", "tool"):
-        a = render(tokenizer, base + [{"role": role, "content": _PROBE_A}], tools, add_generation_prompt=False,
-                   enable_thinking=thinking)
-        b = render(tokenizer, base + [{"role": role, "content": _PROBE_B}], tools, add_generation_prompt=False,
-                   enable_thinking=thinking)
+        try:
+            a = render(tokenizer, base + [{"role": role, "content": _PROBE_A}], tools, add_generation_prompt=False,
+                       enable_thinking=thinking)
+            b = render(tokenizer, base + [{"role": role, "content": _PROBE_B}], tools, add_generation_prompt=False,
+                       enable_thinking=thinking)
+        except Exception:  # a template without this follow-up (Gemma has no tool turn): it cannot come
+            continue
         cut = common_prefix(a, b)
         starts = [i for i in range(cut) if a[i] == start_id]
         if starts and a[: starts[-1]] not in out:

@@ -1,22 +1,29 @@
-"""Where each message sits in a ChatML prompt, and the turn's reuse ceiling.
+"""Where each message sits in a prompt, and the turn's reuse ceiling.
 
-Pure token work: turns start at `<|im_start|>`; a run of tool messages shares one user turn (the
-template wraps them together); the system message and tools share the first turn.
+Pure token work: turns start at the template's opening token (markers.py); how messages map to
+turns is what the probe found: a run of tool messages may share one turn (Qwen wraps them
+together), the system message may share the first user turn (Gemma), the template may add turns
+of its own before the first message (Llama 3.1's default system turn).
 """
 
 from __future__ import annotations
 
-from mtplx.bank.anchors import Markers
+import numpy as np
+
+from mtplx.bank.anchors import Markers, as_tokens
 from mtplx.bank.plan import MessageSpan
 
 
 def message_spans(prompt, messages: list[dict], markers: Markers) -> list[MessageSpan]:
-    if markers.im_start is None:
+    if markers.turn_start is None:
         return []
-    starts = [i for i, t in enumerate(prompt) if t == markers.im_start] + [len(prompt)]
-    spans, turn = [], -1
+    starts = np.flatnonzero(as_tokens(prompt) == markers.turn_start).tolist() + [len(prompt)]
+    has_system = bool(messages) and messages[0].get("role") == "system"
+    spans, turn = [], -1 if has_system else markers.lead - 1
     for k, m in enumerate(messages):
-        if not (m.get("role") == "tool" and k > 0 and messages[k - 1].get("role") == "tool"):
+        shares = (markers.tools_merged and m.get("role") == "tool" and k > 0 and messages[k - 1].get("role") == "tool") \
+            or (markers.system_merged and k == 1 and has_system)
+        if not shares:
             turn += 1
         if turn + 1 >= len(starts):
             break
