@@ -608,3 +608,33 @@ def test_keys_palette_and_in_flight_phases():
             assert "decode" in str(box.render()) and "2 tokens" in str(box.render())
 
     asyncio.run(flow())
+
+
+def test_finished_reply_shows_tool_calls_and_the_clients_finish():
+    """A reply that calls a tool: the chat shows the call by name with its JSON arguments
+    indented, reasoning collapsed, and the finish the client saw (tool_calls), as do the turns table."""
+    import asyncio
+
+    text = ('<think>\nRead it first.\n</think>\n\n<tool_call>\n{"name": "read_file", "arguments": '
+            '{"path": "src/app.py"}}\n</tool_call>')
+
+    async def flow():
+        app = app_with()
+        async with app.run_test(size=SIZE) as pilot:
+            chat = app.dashboard.query_one("#chat")
+            app.chat.request_id, app.chat.busy = "r1", True
+            app.chat.messages.append({"role": "user", "content": "open it"})
+            chat.start_reply(after=chat.add_message("user", "open it"))
+            turn = _turn("r1", 100, 0, text, [2], [1])
+            app.feed(turn[:-1] + [Finished("r1", "stop", 100, 40, 0, text, (1,), turn[-1].stats)])
+            await pilot.pause()
+            reply = chat.query_one(".reply")
+            rendered = " ".join(str(w.render()) for w in reply.query("Static"))
+            assert "finish tool_calls" in rendered and "read_file" in rendered
+            args = reply.query_one(".tool-args").content.code  # a Syntax block of indented JSON
+            assert args == '{\n  "path": "src/app.py"\n}', args
+            assert reply.query_one("Collapsible").collapsed
+            assert app.dashboard.query_one("#turns").get_row_at(0)[-2] == "tool_calls"
+            assert app.chat.messages[-1]["tool_calls"][0]["function"]["name"] == "read_file"
+
+    asyncio.run(flow())
