@@ -478,8 +478,8 @@ def test_attach_sees_the_bank_survives_a_restart_and_sends_the_api_key(banked_en
 
 
 def test_tui_replay_file_opens_on_it(banked_engine, tmp_path):
-    """`mtplx tui --replay FILE`: the replay screen opens with one's own transcript loaded; a file
-    that is not a transcript says so instead of failing."""
+    """`mtplx tui --replay FILE`: the replay screen opens with one's own transcript loaded, or a
+    client's export of OpenAI messages converted; a file that is neither says so."""
     import asyncio
 
     from mtplx.replay.transcript import Transcript, Turn
@@ -489,6 +489,9 @@ def test_tui_replay_file_opens_on_it(banked_engine, tmp_path):
                    .to_json())
     broken = tmp_path / "broken.json"
     broken.write_text('{"not": "a transcript"}')
+    export = tmp_path / "chat.json"  # a client's conversation export: OpenAI messages
+    export.write_text('[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
+                      '{"role": "user", "content": "c"}]')
 
     async def flow(path, expected):
         app = MtplxApp(engine=banked_engine, model_name="tiny-dense", replay_file=path)
@@ -498,6 +501,7 @@ def test_tui_replay_file_opens_on_it(banked_engine, tmp_path):
 
     asyncio.run(flow(own, "mine: 1 turns — my own session"))
     asyncio.run(flow(broken, "cannot replay broken.json"))
+    asyncio.run(flow(export, "chat: 1 turns — converted from chat.json"))
 
 
 def test_receipt_drill_down(tmp_path):

@@ -58,14 +58,17 @@ class ReplayScreen(Screen):
 
     def load(self, index: int) -> None:
         from mtplx.errors import MtplxError
-        from mtplx.replay.transcript import load
+        from mtplx.replay.transcript import from_export, load
 
         try:
             self.transcript = load(self.files[index])
-        except (MtplxError, OSError, ValueError) as exc:  # one's own file may not be a transcript
-            self.transcript = None
-            self.status(f"cannot replay {self.files[index].name}: {exc}")
-            return
+        except (MtplxError, OSError, ValueError) as exc:  # one's own file: maybe a client's message export
+            try:
+                self.transcript = from_export(self.files[index])
+            except (MtplxError, OSError, ValueError):
+                self.transcript = None
+                self.status(f"cannot replay {self.files[index].name}: {exc} (nor is it a list of OpenAI messages)")
+                return
         self.cursor = 0
         self.ceilings = []
         self.query_one("#replay-turns", DataTable).clear()
