@@ -93,3 +93,149 @@ def test_spans_on_integer_lists():
     assert starts(Markers(1, 2, None, (9,), tools_merged=False)) == [1, 5, 9, 13]
     assert starts(Markers(1, 2, None, (), system_merged=True, tools_merged=False)) == [1, 1, 5, 9]
     assert [s.start for s in message_spans(prompt, msgs[1:], Markers(1, 2, None, (9,), tools_merged=False, lead=1))] == [5, 9, 13]
+
+
+def test_sliding_window_restorable_positions_are_a_pure_rule():
+    from mtplx.bank.plan import EntryView, plan_restore, restorable_positions, superseded
+
+    assert restorable_positions(50, {}, recurrent=False, window=64) is None  # never rotated: cut anywhere
+    assert restorable_positions(64, {}, recurrent=False, window=64) is None
+    assert restorable_positions(65, {}, recurrent=False, window=64) == (65,)  # rotated: its end only
+    assert restorable_positions(100, {40: 0}, recurrent=True, window=64) == (100,)
+    assert restorable_positions(100, {40: 0}, recurrent=True, window=None) == (40, 100)
+    assert restorable_positions(100, {}, recurrent=False, window=None) is None
+    prompt = list(range(300))
+    rotated = EntryView("r", tuple(prompt[:100]) + (999,), "m", restorable_positions(101, {}, recurrent=False, window=64),
+                        None)
+    plan = plan_restore(prompt, [], [rotated], "m", need_mtp=False, recurrent=False, min_restore=1)
+    assert plan.entry_id is None and plan.match == 100  # the match is 100, but no exact state below the end
+    whole = EntryView("w", tuple(prompt[:120]), "m", restorable_positions(120, {}, recurrent=False, window=64), None)
+    assert plan_restore(prompt, [], [rotated, whole], "m", need_mtp=False, recurrent=False, min_restore=1).position == 120
+    short = EntryView("s", tuple(prompt[:60]), "m", restorable_positions(60, {}, recurrent=False, window=64), None)
+    assert plan_restore(prompt[:50] + [7] * 20, [], [short], "m", need_mtp=False, recurrent=False,
+                        min_restore=1).position == 50
+    assert superseded(whole, [short]) == []  # the rotated entry cannot stand in for the short one's cuts
+
+
+def _rotating_cache(tokens: int, window: int, chunks: list[int]):
+    """A RotatingKVCache fed `tokens` random keys in `chunks` (multi-token updates), then one by one."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import RotatingKVCache
+
+    cache, fed = RotatingKVCache(max_size=window), 0
+    for n in chunks + [1] * (tokens - sum(chunks)):
+        k = mx.random.normal((1, 2, n, 8))
+        cache.update_and_fetch(k, k * 2)
+        fed += n
+    return cache
+
+
+@pytest.mark.parametrize("tokens,chunks", [(40, [16, 16]), (150, [64, 64])])
+def test_rotating_snapshot_restores_the_same_window_and_is_independent(tokens, chunks):
+    """A snapshot holds the window's tokens in temporal order; the restored cache continues exactly
+    as the live one (same keys after the next chunk and the next single token), and writes into the
+    live ring buffer never reach the snapshot."""
+    import mlx.core as mx
+    import numpy as np
+
+    from mtplx.engine import cache_state
+
+    mx.random.seed(3)
+    live = _rotating_cache(tokens, 32, chunks)
+    snap = cache_state.snapshot([live])
+    before = np.array(snap[0].arrays[0])
+    restored = cache_state.restore(snap)[0]
+    assert cache_state.window(snap) == 32 and restored.offset == live.offset == tokens
+    for n in (5, 1, 1):
+        k = mx.random.normal((1, 2, n, 8))
+        a, _ = live.update_and_fetch(k, k)
+        b, _ = restored.update_and_fetch(k, k)
+        order = lambda c, x: np.array(c._temporal_order(x))
+        assert np.array_equal(order(live, live.keys), order(restored, restored.keys))
+    assert np.array_equal(np.array(snap[0].arrays[0]), before)
+    if tokens <= 32:  # never rotated: an earlier cut is exact
+        cut = cache_state.restore(cache_state.truncate_kv(snap, 20))[0]
+        assert cut.offset == 20 and np.array_equal(np.array(cut.keys), before[..., :20, :])
+    else:
+        with pytest.raises(ValueError):
+            cache_state.truncate_kv(snap, 20)
+
+
+USER_TURNS = ["Read src/app.py and tell me what it does, line by line, please.",
+              "Now make it print goodbye instead of hello, and keep the rest as it is.",
+              "Good. Add a test for it under tests/, using pytest, and run it once."]
+
+
+@pytest.mark.parametrize("family", ["llama3", "gemma3"])
+def test_real_template_turns_restore_their_ceiling_and_equal_cold(tmp_path, family):
+    """A multi-turn chat (system, user, the model's own reply, user, ...) on a stand-in with the
+    family's real template: every warm turn has a non-zero ceiling from the template's own turn
+    markers, restores >= 0.99 of it, and its greedy output equals a cold engine's. The Gemma 3
+    stand-in has sliding-window layers (window 64, rotated long before the later turns)."""
+    from mtplx.bank.bank import BankConfig
+    from mtplx.bank.spans import reuse_ratio
+    from mtplx.chat import parse_reply
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+
+    kind = "llama" if family == "llama3" else "gemma3"
+    path = standins.build(kind, tmp_path / kind, standins.family_tokenizer(family, tmp_path / "tok"))
+    banked = Engine(path, EngineConfig(chunk_size=64), name=kind, bank=BankConfig(min_restore=16)).start()
+    cold = Engine(path, EngineConfig(chunk_size=64), name=kind).start()
+    tok = banked.checkpoint.tokenizer
+    messages = [{"role": "system", "content": ("You are a careful coding agent working in a repository. " * 4).strip()}]
+    rows = []
+    try:
+        for text in USER_TURNS:
+            messages.append({"role": "user", "content": text})
+            prompt = tuple(render(tok, messages))
+            params = SamplingParams(max_tokens=12, temperature=0.0)
+            request = GenerationRequest(prompt, params, chat={"messages": list(messages)}, session="s")
+            warm = banked.submit(request).result()
+            banked.settle()  # the user reads the reply: idle time for the render-ahead
+            outcome = banked.bank.outcomes[request.request_id]
+            reference = cold.submit(GenerationRequest(prompt, params)).result()
+            rows.append((len(prompt), outcome.ceiling, warm.cached_tokens, warm.token_ids == reference.token_ids))
+            messages.append({"role": "assistant", **parse_reply(warm.text)})
+        # Gemma's window layers have rotated in every later entry: those restore at their ends only.
+        rotated = [v for v in banked.call(banked.bank.views) if v.restorable == (len(v.tokens),)]
+        assert bool(rotated) == (family == "gemma3")
+    finally:
+        banked.stop()
+        cold.stop()
+    print(family, rows)
+    assert all(same for *_, same in rows), rows
+    for prompt_len, ceiling, cached, _ in rows[1:]:
+        assert ceiling and ceiling > 64 and reuse_ratio(cached, ceiling) >= 0.99, rows
+
+
+def test_sliding_window_cut_before_rotation_equals_cold(tmp_path):
+    """Gemma 3 stand-in (window 64): an entry shorter than the window is cut back to a shared
+    prefix, and the output from there equals a cold engine's; a prompt sharing the prefix of a
+    rotated entry is not cut from it."""
+    from mtplx.bank.bank import BankConfig
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+
+    path = standins.build("gemma3", tmp_path / "g3", standins.family_tokenizer("gemma3", tmp_path / "tok"))
+    banked = Engine(path, EngineConfig(chunk_size=16), name="g3", bank=BankConfig(min_restore=8)).start()
+    cold = Engine(path, EngineConfig(chunk_size=16), name="g3").start()
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    base = tuple(range(300, 340))
+    try:
+        banked.submit(GenerationRequest(base, params)).result()  # 40 + 6 tokens: never rotated
+        fork = base[:30] + tuple(range(500, 512))
+        warm = banked.submit(GenerationRequest(fork, params)).result()
+        assert warm.cached_tokens == 30
+        assert warm.token_ids == cold.submit(GenerationRequest(fork, params)).result().token_ids
+        long = tuple(range(600, 700))
+        banked.submit(GenerationRequest(long, params)).result()  # 106 tokens: rotated
+        late = long[:90] + (7, 8, 9)
+        warm = banked.submit(GenerationRequest(late, params)).result()
+        assert warm.cached_tokens == 0
+        assert warm.token_ids == cold.submit(GenerationRequest(late, params)).result().token_ids
+    finally:
+        banked.stop()
+        cold.stop()

@@ -15,7 +15,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from mtplx.bank.anchors import Anchor
-from mtplx.bank.plan import EntryView
+from mtplx.bank.plan import EntryView, restorable_positions
 from mtplx.engine import cache_state
 from mtplx.engine.generation import TurnState
 
@@ -58,7 +58,10 @@ class Entry:
         return n + (self.last_hidden.nbytes if self.last_hidden is not None else 0)
 
     def view(self) -> EntryView:
-        restorable = tuple(sorted({*self.checkpoints, len(self.tokens)})) if self.recurrent else None
+        if not hasattr(self, "_window"):  # the trunk never changes; views are made on every plan
+            self._window = cache_state.window(self.trunk)
+        restorable = restorable_positions(len(self.tokens), self.checkpoints, recurrent=self.recurrent,
+                                          window=self._window)
         return EntryView(self.entry_id, self.tokens, self.identity, restorable, self.mtp_len,
                          self.last_hidden is not None, self.session, self.last_used, self.nbytes, tuple(self.anchors),
                          self.token_array)

@@ -4,7 +4,9 @@ A restore point p is usable from an entry when
 - the entry's tokens and the prompt agree on the first p tokens, and p < len(prompt) (the last
   prompt token must be computed to yield the first generated token);
 - the entry holds the full model state at p: attention KV can be cut anywhere, recurrent
-  (GatedDeltaNet) state exists only at the positions the entry captured;
+  (GatedDeltaNet) state exists only at the positions the entry captured, and a sliding-window
+  layer (a ring buffer) only at the entry's end once it has dropped a token
+  (`restorable_positions`);
 - for MTP requests, the MTP head's history covers pairs < p: a pair (h[p-1], x[p]) uses the
   entry's token at p, so p must lie inside the match, or be the entry's end with the last hidden
   state kept to rebuild that pair.
@@ -52,6 +54,21 @@ class RestorePlan:
     match: int  # longest agreement with any candidate entry, in tokens
     captures: tuple[int, ...] = ()  # prefill span ends at which to capture state
     note: str | None = None  # why position < match, when it is
+
+
+def restorable_positions(length: int, checkpoints, *, recurrent: bool, window: int | None) -> tuple[int, ...] | None:
+    """Where an entry of `length` tokens holds the exact full state (None: anywhere).
+
+    Attention KV cuts anywhere; recurrent state exists at captured checkpoints and the end. A
+    sliding-window layer of `window` tokens never drops one while length <= window (a cold
+    prefill to any earlier point holds the same tokens); past that its ring buffer has rotated,
+    the state of an earlier point is gone and only the end is exact (its checkpoints are not
+    captured, so a recurrent checkpoint cannot be used with it either)."""
+    if window is not None and length > window:
+        return (length,)
+    if not recurrent:
+        return None
+    return tuple(sorted({*checkpoints, length}))
 
 
 def common_prefix(a, b) -> int:
