@@ -239,3 +239,41 @@ def test_sliding_window_cut_before_rotation_equals_cold(tmp_path):
     finally:
         banked.stop()
         cold.stop()
+
+
+def test_a_template_without_open_close_turns_is_not_misread(tokenizers):
+    """DeepSeek-style roles (a token per role, no closing token per turn) are not open/close turns:
+    the probe says so instead of taking the end-of-sequence token for a turn opener."""
+    from mtplx.bank.markers import probe
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizers["injecting"].name_or_path)
+    tok.chat_template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<|start_header_id|>"
+                         "{{ m['content'] }}{% elif m['role'] == 'assistant' %}<|end_header_id|>{{ m['content'] }}"
+                         "<|end_of_text|>{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
+    assert probe(tok) is None
+
+
+def test_sliding_window_entry_survives_the_ssd_tier(tmp_path):
+    """A rotated sliding-window entry written to SSD and read back (as after a restart) keeps its
+    window, its exact tokens and the rule that only its end is restorable."""
+    import mlx.core as mx
+    import numpy as np
+
+    from mtplx.bank.anchors import Anchor
+    from mtplx.bank.entry import Entry
+    from mtplx.bank.ssd import SsdConfig, SsdTier
+    from mtplx.engine import cache_state
+
+    mx.random.seed(5)
+    trunk = cache_state.snapshot([_rotating_cache(100, 32, [64]), _rotating_cache(100, 32, [64, 16])])
+    entry = Entry(tuple(range(100)), "g:ar", trunk, {}, None, None, [Anchor(100, "generation_end")], "s")
+    tier = SsdTier(SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=0))
+    tier.write(entry)
+    back = tier.load(entry.entry_id, "g:ar")
+    assert back.view().restorable == entry.view().restorable == (100,)
+    assert [v.restorable for v in tier.views()] == [(100,)]
+    for a, b in zip(cache_state.restore(entry.trunk), cache_state.restore(back.trunk)):
+        assert (a.offset, a.max_size, a._idx) == (b.offset, b.max_size, b._idx)
+        assert np.array_equal(np.array(a.keys), np.array(b.keys))

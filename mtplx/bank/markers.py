@@ -80,6 +80,10 @@ def probe(tokenizer) -> Markers | None:
     def turn_of(rendered: str, sentinel: str) -> int:
         return rendered.count(start, 0, rendered.index(sentinel)) - 1
 
+    # Open/close turns put each of these in the turn after the previous one; templates whose roles
+    # are tokens with no closing one (DeepSeek's `<｜User｜>`/`<｜Assistant｜>`) fail this.
+    if not 0 <= turn_of(text, u1) == turn_of(text, a2) - 1 == turn_of(text, u3) - 2:
+        return None
     system_merged = turn_of(text, s0) == turn_of(text, u1)
     system: tuple[int, ...] = ()
     if not system_merged:  # the system turn's header: from the opener to the first newline or special
