@@ -20,7 +20,6 @@ from tui.screens.dashboard import Dashboard
 from tui.screens.help import HelpScreen
 from tui.screens.receipts import ReceiptsScreen
 from tui.screens.replay import ReplayScreen
-from tui.widgets.chat_panel import SYSTEM  # noqa: F401  -- kept importable where it always was
 
 ACTIONS = (  # (action, title, help): the key bindings, the command palette and the help screen
     ("new_chat", "New chat", "Start a new conversation with a new session id (the bank keeps its entries)"),
