@@ -116,6 +116,10 @@ def test_help_screen(snap_compare):
     assert snap_compare(app_with(), terminal_size=SIZE, press=["f1"])
 
 
+def test_help_screen_fits_80x24(snap_compare):
+    assert snap_compare(app_with(), terminal_size=(80, 24), press=["f1"])
+
+
 @SIZES
 def test_receipts_screen(snap_compare, tmp_path, size):
     from mtplx.receipts.store import ReceiptStore
