@@ -61,11 +61,12 @@ def message_boundaries(tokenizer, messages: list[dict], tools: list[dict] | None
     return out
 
 
-def head_end(tokenizer, prompt: list[int]) -> int | None:
-    """End of the leading system turn (system prompt + tools) found from ChatML markers, or None."""
+def head_end(tokenizer, prompt: list[int], markers=None) -> int | None:
+    """End of the leading system turn (system prompt + tools) found from the template's turn
+    markers, or None. Pass `markers` when calling per prompt: finding them renders probe chats."""
     from mtplx.bank.anchors import Markers, head_end as head_of, turn_ends
 
-    markers = Markers.from_tokenizer(tokenizer)
+    markers = markers or Markers.from_tokenizer(tokenizer)
     return head_of(prompt, markers, turn_ends(prompt, markers))
 
 

@@ -39,7 +39,7 @@ def ceilings(transcript: Transcript, tokenizer) -> list[tuple[int, int | None]]:
     for turn in transcript.turns:
         msgs, tools = turn.body["messages"], turn.body.get("tools")
         prompt = render(tokenizer, msgs, tools)
-        head = head_end(tokenizer, prompt)
+        head = head_end(tokenizer, prompt, markers)
         head_key = tuple(prompt[:head]) if head else None
         if turn.session in sent:
             spans = message_spans(prompt, msgs, markers)
