@@ -36,9 +36,10 @@ wait_for "endpoint http://127.0.0.1:$PORT" 60
 tmux send-keys -t $S "Explain what src/ledger/events.py does" Enter
 sleep 0.4; cap 01-chat-streaming
 wait_for "done:" 120; cap 02-chat-done
-# 0.1 s apart, as a fast typist (one burst in a single write reads as a paste, Enter included)
+# as fast as the box takes them: the next one as soon as the box is empty again, while the first
+# reply still generates (keys arriving in one read, e.g. on a loaded machine, count as a paste)
 for m in "First, list the files." "Then read the tests." "Finally, summarise."; do
-  tmux send-keys -t $S "$m"; sleep 0.05; tmux send-keys -t $S Enter; sleep 0.1
+  tmux send-keys -t $S "$m"; sleep 0.05; tmux send-keys -t $S Enter; wait_for "Message the model" 10
 done
 sleep 0.3; cap 03-chat-three-sends-queued
 wait_gone "queued" 180; wait_for "▌ 4 " 120; sleep 1; cap 04-chat-three-answered-in-order
