@@ -167,3 +167,26 @@ def test_call_head_follows_the_templates_body():
     assert json_head == '\n{"name": "read_file", "arguments":' and xml_head == "\n<function=read_file>\n"
     call = '<tool_call>\n<function=read_file>\n<parameter=path>\na.py\n</parameter>\n</function>\n</tool_call>'
     assert call.startswith("<tool_call>" + xml_head) and by_name("glm47").call_head("x") is None
+
+
+def test_every_route_maps_a_model_format_call_to_its_tool_call_shape():
+    """The server splits replies with the model's own format: a Mistral-style call comes back as
+    OpenAI tool_calls (whole and streamed) and an Anthropic tool_use block."""
+    from mtplx.events import Finished
+    from mtplx.reply_stream import ReplyStream
+    from mtplx.server import anthropic_map, openai_response
+    from mtplx.server.signature import Signer
+
+    text = 'Sure.[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]'
+    fin = Finished("r", "stop", 10, 12, 0, text, (1,), {"tokens_by_segment": {}})
+    reply = lambda: ReplyStream(False, by_name("mistral"))
+    whole = openai_response.completion("m", fin, False, reply())
+    assert whole["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read_file"
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    stream = openai_response.ChatStream("m", False, reply())
+    chunks = stream.text(text) + stream.finish(fin, False)
+    assert [c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] for c in chunks
+            if c["choices"][0]["delta"].get("tool_calls") and "name" in c["choices"][0]["delta"]["tool_calls"][0].get(
+                "function", {})] == ["read_file"]
+    message = anthropic_map.message("m", fin, False, Signer(b"k" * 32), reply())
+    assert [b["name"] for b in message["content"] if b["type"] == "tool_use"] == ["read_file"]

@@ -191,8 +191,8 @@ def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
             "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
 
 
-def message(model: str, fin: Finished, in_reasoning: bool, signer: Signer) -> dict:
-    pieces = ReplyStream(in_reasoning).feed(fin.text, final=True)
+def message(model: str, fin: Finished, in_reasoning: bool, signer: Signer, reply: ReplyStream | None = None) -> dict:
+    pieces = (reply or ReplyStream(in_reasoning)).feed(fin.text, final=True)
     content, calls = [], 0
     for kind in ("reasoning", "content"):
         text = "".join(p.text for p in pieces if p.kind == kind)
@@ -221,8 +221,8 @@ class MessageStream:
     """Anthropic stream events, in the documented order, with sequential block indices. A
     thinking block ends with a signature_delta signing the whole block's text."""
 
-    def __init__(self, model: str, in_reasoning: bool, signer: Signer):
-        self.model, self.reply, self.signer = model, ReplyStream(in_reasoning), signer
+    def __init__(self, model: str, in_reasoning: bool, signer: Signer, reply: ReplyStream | None = None):
+        self.model, self.reply, self.signer = model, reply or ReplyStream(in_reasoning), signer
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.index, self.open_kind, self.calls = -1, None, 0
         self.thinking = ""

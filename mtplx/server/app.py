@@ -26,6 +26,7 @@ from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
 from mtplx.home import home_path
+from mtplx.reply_stream import ReplyStream
 from mtplx.server.context import window_of
 from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
@@ -63,6 +64,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     def limit() -> int:
         return engine.context_window
+
+    def reply_for(in_reasoning: bool, call) -> ReplyStream:
+        # The model's own tool-call format (JSON or XML in <tool_call>, Mistral, pythonic, ...); the
+        # request's tool schemas type XML parameter values.
+        return ReplyStream(in_reasoning, getattr(engine.checkpoint, "tool_format", None), call.tools)
 
     # -- errors -----------------------------------------------------------------------------
     def shaped(request: Request, err: ApiError) -> JSONResponse:
@@ -156,9 +162,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
-            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, reasoning), request,
+            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, reasoning,
+                                                                            reply_for(reasoning, call)), request,
                                 budget_headers(call, sub))
-        chunks = openai_response.ChatStream(model_name, reasoning)
+        chunks = openai_response.ChatStream(model_name, reasoning, reply_for(reasoning, call))
         return StreamingResponse(_openai_sse(sub, chunks, call.include_usage, chunks.first()),
                                  media_type="text/event-stream", headers=budget_headers(call, sub))
 
@@ -189,7 +196,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = responses.parse_response_call(body, defaults, limit(), response_store, signer)
         prompt = encode(engine, cache, call, "responses", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
-        built = responses.ResponseStream(model_name, starts_in_reasoning(tokenizer, prompt), body, signer)
+        reasoning = starts_in_reasoning(tokenizer, prompt)
+        built = responses.ResponseStream(model_name, reasoning, body, signer, reply_for(reasoning, call))
 
         def keep(fin):  # what a follow-up naming this response renders as its history
             response_store.put(built.id, call.messages + responses.output_messages(built.output))
@@ -226,9 +234,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
-            return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, reasoning, signer), request,
+            return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, reasoning, signer,
+                                                                       reply_for(reasoning, call)), request,
                                 budget_headers(call, sub))
-        frames = anthropic_map.MessageStream(model_name, reasoning, signer)
+        frames = anthropic_map.MessageStream(model_name, reasoning, signer, reply_for(reasoning, call))
 
         async def stream():
             async for event in events(sub):

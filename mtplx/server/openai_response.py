@@ -26,11 +26,12 @@ def finish_reason(fin: Finished, tool_calls: int) -> str:
 class ChatStream:
     """Builds chunks for one streamed chat completion."""
 
-    def __init__(self, model: str, in_reasoning: bool):
+    def __init__(self, model: str, in_reasoning: bool, reply: ReplyStream | None = None):
+        """`reply`: a splitter for the model's tool-call format (default: `<tool_call>` JSON)."""
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = model
-        self.reply = ReplyStream(in_reasoning)
+        self.reply = reply or ReplyStream(in_reasoning)
         self.calls = 0
 
     def _chunk(self, delta: dict, finish: str | None = None) -> dict:
@@ -63,9 +64,9 @@ class ChatStream:
         return out
 
 
-def completion(model: str, fin: Finished, in_reasoning: bool) -> dict:
+def completion(model: str, fin: Finished, in_reasoning: bool, reply: ReplyStream | None = None) -> dict:
     """A whole (non-streamed) chat completion."""
-    reply = ReplyStream(in_reasoning)
+    reply = reply or ReplyStream(in_reasoning)
     pieces = reply.feed(fin.text, final=True)
     content = "".join(p.text for p in pieces if p.kind == "content")
     reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")

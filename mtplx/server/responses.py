@@ -186,11 +186,12 @@ def output_messages(output: list[dict]) -> list[dict]:
 class ResponseStream:
     """Builds the Responses API objects and stream events of one response."""
 
-    def __init__(self, model: str, in_reasoning: bool, body: dict, signer: Signer | None = None):
+    def __init__(self, model: str, in_reasoning: bool, body: dict, signer: Signer | None = None,
+                 reply: ReplyStream | None = None):
         self.signer = signer
         self.id = "resp_" + uuid.uuid4().hex[:24]
         self.model, self.created, self.body = model, int(time.time()), body
-        self.reply = ReplyStream(in_reasoning)
+        self.reply = reply or ReplyStream(in_reasoning)
         self.output: list[dict] = []
         self.open: dict | None = None
         self.seq = 0
