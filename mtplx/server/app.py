@@ -58,7 +58,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     subscribers: set[asyncio.Queue] = set()
     app.state.metrics, app.state.encode_cache = metrics, cache
     recorder = Recorder.from_env()
-    rules = ToolRules(tokenizer, engine.eos_ids)
+    rules = ToolRules(tokenizer, engine.eos_ids, getattr(engine.checkpoint, "tool_format", None))
     signer = Signer(lambda: home_path("signing.key"))
     response_store = responses.ResponseStore()
 

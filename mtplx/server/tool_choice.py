@@ -66,10 +66,15 @@ def from_anthropic(raw, tools: list[dict] | None) -> ToolChoice:
 class ToolRules:
     """Builds engine rules for one tokenizer (its tool-call token, blank tokens, reasoning tags)."""
 
-    def __init__(self, tokenizer, eos_ids):
+    def __init__(self, tokenizer, eos_ids, tool_format=None):
+        """`tool_format`: the model's (mtplx.tool_formats), whose opening tag and call head are
+        steered; default the `<tool_call>` JSON family."""
+        from mtplx.tool_formats import TAGGED
+
         self.tokenizer, self.eos_ids = tokenizer, tuple(sorted(eos_ids))
+        self.format = tool_format or TAGGED
         vocab = tokenizer.get_vocab()
-        self.open = vocab.get(OPEN_TAG)
+        self.open = vocab.get(self.format.start or OPEN_TAG)
         think = (vocab.get("<think>"), vocab.get("</think>"))
         self.think = think if None not in think else None
         self._blank = None
@@ -88,8 +93,9 @@ class ToolRules:
         if choice.mode == "none":
             return ToolRule("never", self.open)
         head = ()
-        if choice.name:
-            # Up to the colon: the space and the arguments' opening brace are one token in the
-            # model's own calls, so the head stops before them.
-            head = tuple(self.tokenizer.encode(f'\n{{"name": "{choice.name}", "arguments":', add_special_tokens=False))
+        text = self.format.call_head(choice.name) if choice.name else None
+        if text:
+            # In the model's own format (JSON up to the arguments' colon: the space and opening
+            # brace are one token in its calls; XML up to the function tag's line).
+            head = tuple(self.tokenizer.encode(text, add_special_tokens=False))
         return ToolRule("required", self.open, self.eos_ids, head, self.think, starts_in_reasoning, self.blank)
