@@ -425,3 +425,33 @@ def test_a_second_server_on_the_same_bank_directory_stays_ram_only(tmp_path, col
         second.close()
         first.close()
     SsdTier(SsdConfig(tmp_path, budget_bytes=64 << 20)).close()  # both stopped: the directory is free again
+
+
+def test_abandoned_prefill_with_a_bank_frees_the_engine_and_keeps_its_prefix(tmp_path, cold):
+    """The default server has a bank: an abandoned prefill still stops at its next chunk, the
+    prefix it computed is banked, and the same request resent restores it with the cold output."""
+    served = Served(tmp_path, chunk_size=32)
+    try:
+        mark = len(served.events)
+        body = {"model": MODEL, "messages": LONG, "max_tokens": 8, "temperature": 0, "stream": True}
+        client = httpx.Client(timeout=120)
+        stream = client.stream("POST", served.url + "/v1/chat/completions", json=body).__enter__()
+        rid = _request_id(served, mark)
+        while not any(isinstance(e, PrefillProgress) and e.request_id == rid for e in served.events):
+            time.sleep(0.01)
+        stream.close()
+        client.close()
+        fin = next(e for e in served.finished(rid) if e.request_id == rid)
+        done = [e for e in served.events if isinstance(e, PrefillProgress) and e.request_id == rid][-1]
+        assert fin.finish_reason == "cancelled" and done.done < done.total
+        served.engine.settle()
+        retry = served.chat(LONG, max_tokens=8)
+        assert retry.status_code == 200
+        assert retry.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= done.done
+    finally:
+        served.close()
+    reference = Served(None, bank=False)
+    try:
+        assert reply_of(retry) == reply_of(reference.chat(LONG, max_tokens=8))  # restored == cold
+    finally:
+        reference.close()

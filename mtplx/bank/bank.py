@@ -226,6 +226,8 @@ class SessionBank:
         state = gen.state
         if state is None:
             return
+        if gen.prefill_cut is not None:
+            return self._store_partial(gen)
         anchors = list(self._anchors)
         if gen.finish_reason == "stop" and not gen.stream.stopped:
             self._feed_to_end(gen, list(request.prompt) + gen.generated + [gen.stop_token])
@@ -247,6 +249,22 @@ class SessionBank:
 
             for tokens in variants(self.tokenizer, request.chat, gen.stream.text, self.markers):
                 self.idle.append(self._prefill_variant(tokens, gen.use_mtp, self._session))
+
+    def _store_partial(self, gen: Generation) -> None:
+        """A prefill cancelled between chunks: keep the prompt prefix it computed, so a client that
+        gave up and resends (Claude Code after 300 s) restores it instead of starting over, while
+        the engine was freed at once. Stored like a turn's end: the MTP head's pairs stop one short
+        of the cut and the hidden state there completes the next pair on restore."""
+        from mtplx.engine import cache_state
+
+        cut, state = gen.prefill_cut, gen.state
+        anchors = [a for a in self._anchors if a.position <= cut]
+        entry = entry_from_state(state, self.identity(gen.use_mtp), self._captures, anchors, gen.last_hidden,
+                                 self._session)
+        if entry.mtp is not None:  # the last chunk's pairs reached the prompt token at `cut`
+            entry.mtp = cache_state.truncate_kv([entry.mtp], cut - 1)[0]
+        self._store(entry)
+        self.notify("kept_partial", f"{entry.entry_id}: a cancelled prefill's first {cut} tokens")
 
     def _feed_to_end(self, gen: Generation, target: list[int]) -> None:
         """Feed generated tokens the decode loop sampled but never fed (the last one, EOS)."""

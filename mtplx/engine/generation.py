@@ -81,6 +81,7 @@ class Generation:
         self.speculator = None
         self.stop_token: int | None = None  # the end-of-sequence token that ended the turn
         self.last_hidden_at_end = None  # hidden at the cache's last position, after feed_tail
+        self.prefill_cut: int | None = None  # where a cancelled prefill stopped (its state is kept)
 
     # -- prefill ----------------------------------------------------------------------------
     def _chunk_ends(self, start: int, end: int, checkpoints: tuple[int, ...]) -> list[int]:
@@ -109,7 +110,9 @@ class Generation:
             if cancelled():  # an abandoned request frees the engine within one chunk
                 self.finish_reason = "cancelled"
                 self.stats.prefill_s = time.perf_counter() - t0
-                return  # no state kept: the MTP head's pairs run one token past a chunk's end
+                if state.length > cached:  # what the finished chunks computed: a retry restores it
+                    self.state, self.last_hidden, self.prefill_cut = state, last_hidden, state.length
+                return
             begin = state.length
             hidden = self.runner.hidden(prompt[begin:end], state.trunk)
             if self.use_mtp and state.mtp is not None:

@@ -32,7 +32,7 @@ from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
 from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from
-from mtplx.server.turns import abandon, budget_headers, encode, events, session_from, starts_in_reasoning, submit
+from mtplx.server.turns import budget_headers, encode, events, session_from, starts_in_reasoning, submit
 
 log = logging.getLogger("mtplx.server")
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
@@ -334,7 +334,7 @@ async def _whole(sub, build, request: Request, headers: dict | None = None):
     async def watch():
         while not await request.is_disconnected():
             await asyncio.sleep(0.05)
-        abandon(sub)  # cancelled, or with a bank stopped once its prompt is computed (turns.abandon)
+        sub.cancel()  # at its next chunk or step; a cancelled prefill's prefix stays in the bank
 
     watcher = asyncio.create_task(watch())
     fin = None

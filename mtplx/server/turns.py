@@ -10,15 +10,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import queue
-import threading
-import time
 from typing import AsyncIterator
 
 from mtplx.chat import render
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
-from mtplx.events import TERMINAL, EngineEvent, FirstToken, Tokens
+from mtplx.events import TERMINAL, EngineEvent
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.context import fit
 from mtplx.server.encode_cache import EncodeCache
@@ -116,55 +113,22 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
         raise bad_request(str(exc), "messages", "context_length_exceeded" if "context window" in str(exc) else None) from None
     except EngineStopped as exc:  # stopping, or the engine thread died: the client may retry elsewhere
         raise ApiError(503, str(exc), None, "server_error", "engine_unavailable") from None
-    sub.finish_prompt = getattr(engine, "bank", None) is not None  # see abandon()
     return sub
 
 
 async def events(submission) -> AsyncIterator[EngineEvent]:
-    """The submission's events; a consumer that leaves early abandons the generation."""
-    ended = decoding = False
+    """The submission's events; a consumer that leaves early cancels the generation at its next
+    prefill chunk or decode step. The engine keeps a cancelled prefill's computed prefix in the
+    bank, so an agent CLI that gave up on a long prompt (Claude Code after 300 s) and resends it
+    restores that part instead of starting over, while requests queued behind it run at once."""
     try:
         while True:
             event = await asyncio.to_thread(submission.events.get)
-            if isinstance(event, (FirstToken, Tokens)):
-                decoding = True
-                if getattr(submission, "abandoned", False):
-                    submission.cancel()  # its prompt is computed (and will be banked): stop here
             yield event
             if isinstance(event, TERMINAL):
-                ended = True
                 return
     finally:
-        if decoding:
-            submission.cancel()
-        elif not ended:
-            abandon(submission, reading=False)
-
-
-def abandon(submission, reading: bool = True) -> None:
-    """The client is gone. Without a bank the generation is cancelled at once. With one, a request
-    still computing its prompt finishes the prompt and stops at its first token, so the bank keeps
-    it: agent CLIs that give up on a long prefill (Claude Code after 300 s) resend the same request,
-    which then restores the prompt instead of starting over. `reading`: whether a consumer still
-    reads the events (else a small thread drains them until the first token)."""
-    if not getattr(submission, "finish_prompt", False) or submission.cancelled.is_set():
         submission.cancel()
-        return
-    submission.abandoned = True
-    if not reading:
-        threading.Thread(target=_cancel_at_first_token, args=(submission,), name="mtplx-abandoned", daemon=True).start()
-
-
-def _cancel_at_first_token(submission, patience: float = 3600.0) -> None:
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        try:
-            event = submission.events.get(timeout=1.0)
-        except queue.Empty:
-            continue
-        if isinstance(event, (FirstToken, Tokens, *TERMINAL)):
-            break
-    submission.cancel()
 
 
 def starts_in_reasoning(tokenizer, prompt: list[int]) -> bool:
