@@ -231,22 +231,24 @@ def _follow_up_is_normal(served: Served, cold) -> None:
     assert "cancelled" in finishes and finishes.count("stop") + finishes.count("length") >= 1  # no lost receipt
 
 
-def test_abandoned_during_prefill_frees_the_engine(cold):
-    served = Served(None, bank=False, chunk_size=32)
-    try:
-        mark = len(served.events)
-        body = {"model": MODEL, "messages": LONG, "max_tokens": 8, "temperature": 0, "stream": True}
-        client = httpx.Client(timeout=120)
-        stream = client.stream("POST", served.url + "/v1/chat/completions", json=body).__enter__()
+def abandon_in_prefill(served: Served) -> tuple[Finished, PrefillProgress]:
+    """Stream LONG and leave after its first prefill chunk: the turn's end and its last progress."""
+    mark = len(served.events)
+    body = {"model": MODEL, "messages": LONG, "max_tokens": 8, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=120) as client, client.stream("POST", served.url + "/v1/chat/completions", json=body):
         rid = _request_id(served, mark)
         while not any(isinstance(e, PrefillProgress) and e.request_id == rid for e in served.events):
             time.sleep(0.01)
-        stream.close()  # the client goes away after the first prefill chunk
-        client.close()
-        fin = next(e for e in served.finished(rid) if e.request_id == rid)
-        progress = [e for e in served.events if isinstance(e, PrefillProgress) and e.request_id == rid]
+    fin = next(e for e in served.finished(rid) if e.request_id == rid)
+    return fin, [e for e in served.events if isinstance(e, PrefillProgress) and e.request_id == rid][-1]
+
+
+def test_abandoned_during_prefill_frees_the_engine(cold):
+    served = Served(None, bank=False, chunk_size=32)
+    try:
+        fin, progress = abandon_in_prefill(served)
         assert fin.finish_reason == "cancelled" and fin.completion_tokens == 0
-        assert progress[-1].done < progress[-1].total  # stopped between chunks, not after the whole prompt
+        assert progress.done < progress.total  # stopped between chunks, not after the whole prompt
         _follow_up_is_normal(served, cold)
     finally:
         served.close()
@@ -432,17 +434,7 @@ def test_abandoned_prefill_with_a_bank_frees_the_engine_and_keeps_its_prefix(tmp
     prefix it computed is banked, and the same request resent restores it with the cold output."""
     served = Served(tmp_path, chunk_size=32)
     try:
-        mark = len(served.events)
-        body = {"model": MODEL, "messages": LONG, "max_tokens": 8, "temperature": 0, "stream": True}
-        client = httpx.Client(timeout=120)
-        stream = client.stream("POST", served.url + "/v1/chat/completions", json=body).__enter__()
-        rid = _request_id(served, mark)
-        while not any(isinstance(e, PrefillProgress) and e.request_id == rid for e in served.events):
-            time.sleep(0.01)
-        stream.close()
-        client.close()
-        fin = next(e for e in served.finished(rid) if e.request_id == rid)
-        done = [e for e in served.events if isinstance(e, PrefillProgress) and e.request_id == rid][-1]
+        fin, done = abandon_in_prefill(served)
         assert fin.finish_reason == "cancelled" and done.done < done.total
         served.engine.settle()
         retry = served.chat(LONG, max_tokens=8)
