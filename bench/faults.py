@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from tests.test_faults import (FIRST, LONG, MODEL, Served, _damage, _fail_writes, _serve_process,  # noqa: E402
-                               second_turn, serve_on_busy_port, sigterm_mid_stream)
+                               abandon_in_prefill, second_turn, serve_on_busy_port, sigterm_mid_stream)
 
 ROWS: list[tuple] = []
 
@@ -176,6 +176,24 @@ def abort_rows(cold) -> None:
         served.close()
 
 
+def banked_abort_row(cold) -> None:
+    """The default server has a bank: an abandoned prefill still frees the engine at once, and
+    the same request resent restores the prefix it had computed."""
+    served = Served(Path(tempfile.mkdtemp(prefix="mtplx-faults-")), chunk_size=64)
+    try:
+        fin, progress = abandon_in_prefill(served)
+        served.engine.settle()
+        t = time.perf_counter()
+        retry = served.chat(LONG, max_tokens=8)
+        took = time.perf_counter() - t
+        ok = fin.finish_reason == "cancelled" and progress.done < progress.total and retry.status_code == 200
+        row("client abandons in prefill, bank on", 2, int(retry.status_code != 200), ok, cached_of(retry),
+            f"(abandoned after {progress.done} of {progress.total} prompt tokens; the resend restored "
+            f"{cached_of(retry)} and took {took:.2f}s)")
+    finally:
+        served.close()
+
+
 def engine_death_row() -> None:
     served = Served(None, bank=False)
     try:
@@ -233,6 +251,7 @@ def main() -> None:
     restart_rows(cold)
     disk_rows(cold)
     abort_rows(cold)
+    banked_abort_row(cold)
     engine_death_row()
     sigterm_row()
     busy_port_row()
