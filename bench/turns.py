@@ -7,6 +7,9 @@ Per model, each run measures on every server, interleaved so machine noise hits 
   server can reuse anything);
 - warm append TTFT: the same conversation's next request, which appends the server's own reply
   and a short tool result (`--pause` seconds after the reply, as an agent's tool run allows);
+- the strip turn (bench/strip_turn.py): a tool chain driven with each server's own replies, then a
+  new user message `--idle` seconds (0, 1, 5) after the final reply; cached / reuse ceiling per idle,
+  mtplx vs mlx-lm on the fast path, and a PNG of TTFT per turn (`--chart`; needs matplotlib);
 - decode tok/s of a prose answer (no tools, so nothing is held back): (completion tokens - 1) /
   (total - TTFT), client-side; a run whose first delta came late (held back) is left out.
 
@@ -38,6 +41,8 @@ from mtplx.replay.client import stream_turn  # noqa: E402
 from mtplx.synth.agent import Sizes, conversation  # noqa: E402
 from mtplx.synth.corpus import Corpus  # noqa: E402
 from peer_server import ROOT, mlx_lm_server, trunk_copy  # noqa: E402
+from strip_turn import drive  # noqa: E402
+from ttft_chart import write_chart  # noqa: E402
 
 COLD_TOKENS = 3000
 REPLY_TOKENS = 160
@@ -166,6 +171,10 @@ def main() -> None:
     parser.add_argument("--model", action="append", help="tiny-dense and tiny-hybrid unless given")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--pause", type=float, default=1.0, help="Seconds between a reply and the append turn.")
+    parser.add_argument("--idle", type=float, nargs="*", default=[0.0, 1.0, 5.0],
+                        help="Strip turn: seconds between the final reply of a tool chain and the new user message.")
+    parser.add_argument("--chart", type=Path, default=Path("build/bench/ttft_per_turn.png"),
+                        help="PNG of TTFT per turn of the strip conversation (model name is added to the file name).")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -174,12 +183,17 @@ def main() -> None:
         cold, agent = prompts(tok)
         with servers(model) as urls, httpx.Client(timeout=900) as client:
             rows = {label: [] for label in urls}
+            strips = {label: {idle: [] for idle in args.idle} for label in STRIP_SERVERS if label in urls}
             for run in range(args.runs):
                 order = list(urls) if run % 2 == 0 else list(reversed(urls))
                 for label in order:
                     rows[label].append(measure(client, urls[label][0], cold, agent, args.pause))
+                    if label in strips:
+                        for idle in args.idle:
+                            strips[label][idle].append(drive(client, urls[label][0], tok, idle))
                 print(f"{model}: run {run + 1}/{args.runs} done", file=sys.stderr, flush=True)
         report(model, urls, rows)
+        report_strip(model, strips, args.chart.with_name(f"{args.chart.stem}-{model}{args.chart.suffix}"))
 
 
 def _median(values):
@@ -207,6 +221,35 @@ def report(model: str, urls: dict, rows: dict) -> None:
     if off:
         print(f"  fast path on/off (mtplx, MTP): cold TTFT {mine['cold_ttft'] / off['cold_ttft']:.2f}, "
               f"append TTFT {mine['append_ttft'] / off['append_ttft']:.2f}, decode {mine['decode_tps'] / off['decode_tps']:.2f}x")
+
+
+STRIP_SERVERS = ("mtplx", "mlx-lm fast")
+
+
+def report_strip(model: str, strips: dict, chart: Path) -> None:
+    """Reuse ratio of the strip turn per idle time, both servers; the chart of TTFT per turn."""
+    if not strips:
+        return
+    idles = list(next(iter(strips.values())))
+    print(f"\n{model}: strip turn (new user message after a tool chain), cached / reuse ceiling, medians")
+    print(f"{'server':<22} " + " ".join(f"{'idle ' + format(i, 'g') + ' s':>12}" for i in idles) + f" {'ceiling':>8}")
+    for label, by_idle in strips.items():
+        cells = [_median([d["strip"]["ratio"] for d in by_idle[i]]) for i in idles]
+        ceiling = _median([d["strip"]["ceiling"] for i in idles for d in by_idle[i]])
+        print(f"{label:<22} " + " ".join(f"{c:12.2f}" for c in cells) + f" {ceiling:8.0f}")
+        print(f"{'  strip TTFT (s)':<22} " + " ".join(f"{_median([d['strip']['ttft'] for d in by_idle[i]]):12.3f}" for i in idles))
+    # The chart: per turn, the median TTFT over runs, at the middle idle setting (1 s by default).
+    idle = idles[len(idles) // 2]
+    series, marks = {}, []
+    for label, by_idle in strips.items():
+        runs = [d["turns"] for d in by_idle[idle]]
+        n = min(len(t) for t in runs)
+        series[label] = [_median([t[k]["ttft"] for t in runs]) for k in range(n)]
+        marks = [k for k in range(n) if runs[0][k]["strip"]]
+    written = write_chart(chart, f"{model}: TTFT per turn, strip conversation, idle {idle:g} s before a new user message",
+                          series, marks)
+    if written:
+        print(f"  chart: {written}")
 
 
 if __name__ == "__main__":
