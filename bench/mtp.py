@@ -43,12 +43,12 @@ def forward_cost(engine: Engine, prompt, t: int, reps: int = 20) -> float:
     runner = engine.runner
     cache = runner.new_trunk_cache()
     mx.eval(runner.hidden(list(prompt), cache))
-    from mtplx.engine import cache_state
+    from mtplx.state import snapshot
 
-    base = cache_state.snapshot(cache)
+    base = snapshot.snapshot(cache)
     times = []
     for _ in range(reps):
-        c = cache_state.restore(base)
+        c = snapshot.restore(base)
         start = time.perf_counter()
         mx.eval(runner.logits(runner.hidden(list(prompt[-t:]), c)))
         times.append(time.perf_counter() - start)

@@ -14,7 +14,8 @@ from mtplx.bank.bank import BankConfig
 from mtplx.catalog import resolve
 from mtplx.chat import render
 from mtplx.engine.engine import Engine, EngineConfig
-from mtplx.engine.generation import Generation, StartPoint
+from mtplx.engine.generation import Generation
+from mtplx.state.turn import StartPoint
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
 from mtplx.replay.live_agent import AgentSession
@@ -65,7 +66,8 @@ def test_restored_prefill_logits_are_bit_identical(banked):
         request = GenerationRequest(prompt, SamplingParams(max_tokens=1))
         gen = Generation(banked.runner, request, use_mtp=True, depth=2, chunk_size=64, eos_ids=banked.eos_ids,
                          submitted_at=0.0)
-        start, captures, hook = banked.bank.plan(request, gen) if use_bank else (StartPoint(), (), None)
+        turn = banked.bank_executor.begin(request, gen.use_mtp) if use_bank else None
+        start, captures, hook = (turn.start, turn.checkpoints, turn.capture) if turn else (StartPoint(), (), None)
         for _ in gen.prefill(start, captures, hook):
             pass
         return start.cached, np.array(banked.runner.logits(gen.last_hidden).astype(mx.float32))

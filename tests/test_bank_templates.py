@@ -138,14 +138,14 @@ def test_rotating_snapshot_restores_the_same_window_and_is_independent(tokens, c
     import mlx.core as mx
     import numpy as np
 
-    from mtplx.engine import cache_state
+    from mtplx.state import snapshot
 
     mx.random.seed(3)
     live = _rotating_cache(tokens, 32, chunks)
-    snap = cache_state.snapshot([live])
+    snap = snapshot.snapshot([live])
     before = np.array(snap[0].arrays[0])
-    restored = cache_state.restore(snap)[0]
-    assert cache_state.window(snap) == 32 and restored.offset == live.offset == tokens
+    restored = snapshot.restore(snap)[0]
+    assert snapshot.window(snap) == 32 and restored.offset == live.offset == tokens
     for n in (5, 1, 1):
         k = mx.random.normal((1, 2, n, 8))
         a, _ = live.update_and_fetch(k, k)
@@ -154,11 +154,11 @@ def test_rotating_snapshot_restores_the_same_window_and_is_independent(tokens, c
         assert np.array_equal(order(live, live.keys), order(restored, restored.keys))
     assert np.array_equal(np.array(snap[0].arrays[0]), before)
     if tokens <= 32:  # never rotated: an earlier cut is exact
-        cut = cache_state.restore(cache_state.truncate_kv(snap, 20))[0]
+        cut = snapshot.restore(snapshot.truncate_kv(snap, 20))[0]
         assert cut.offset == 20 and np.array_equal(np.array(cut.keys), before[..., :20, :])
     else:
         with pytest.raises(ValueError):
-            cache_state.truncate_kv(snap, 20)
+            snapshot.truncate_kv(snap, 20)
 
 
 USER_TURNS = ["Read src/app.py and tell me what it does, line by line, please.",
@@ -264,16 +264,16 @@ def test_sliding_window_entry_survives_the_ssd_tier(tmp_path):
     from mtplx.bank.anchors import Anchor
     from mtplx.bank.entry import Entry
     from mtplx.bank.ssd import SsdConfig, SsdTier
-    from mtplx.engine import cache_state
+    from mtplx.state import snapshot
 
     mx.random.seed(5)
-    trunk = cache_state.snapshot([_rotating_cache(100, 32, [64]), _rotating_cache(100, 32, [64, 16])])
+    trunk = snapshot.snapshot([_rotating_cache(100, 32, [64]), _rotating_cache(100, 32, [64, 16])])
     entry = Entry(tuple(range(100)), "g:ar", trunk, {}, None, None, [Anchor(100, "generation_end")], "s")
     tier = SsdTier(SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=0))
     tier.write(entry)
     back = tier.load(entry.entry_id, "g:ar")
     assert back.view().restorable == entry.view().restorable == (100,)
     assert [v.restorable for v in tier.views()] == [(100,)]
-    for a, b in zip(cache_state.restore(entry.trunk), cache_state.restore(back.trunk)):
+    for a, b in zip(snapshot.restore(entry.trunk), snapshot.restore(back.trunk)):
         assert (a.offset, a.max_size, a._idx) == (b.offset, b.max_size, b._idx)
         assert np.array_equal(np.array(a.keys), np.array(b.keys))

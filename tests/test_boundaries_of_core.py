@@ -1,13 +1,20 @@
-"""The core never imports the UI, CLI or HTTP frameworks, and `mtplx --help` never imports MLX."""
+"""The core never imports the UI, CLI or HTTP frameworks, the layers point one way
+(state <- bank <- engine: no bank module imports the engine), and `mtplx --help` never imports MLX."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-CORE = ["mtplx.engine.engine", "mtplx.engine.generation", "mtplx.engine.speculation", "mtplx.chat",
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CORE = ["mtplx.engine.engine", "mtplx.engine.generation", "mtplx.engine.speculation", "mtplx.engine.bank_executor",
+        "mtplx.bank.bank", "mtplx.receipts.writer", "mtplx.replay.run", "mtplx.chat",
         "mtplx.events", "mtplx.catalog", "mtplx.synth.agent"]
 FRAMEWORKS = ["textual", "typer", "fastapi", "starlette", "uvicorn"]
 
@@ -24,6 +31,58 @@ def _modules_after(code: str) -> set[str]:
 def test_core_imports_no_framework():
     loaded = _modules_after("\n".join(f"import {m}" for m in CORE))
     assert not {m for m in loaded if m.split(".")[0] in FRAMEWORKS}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function (lazy imports count too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _files(*parts: str) -> list[Path]:
+    files = []
+    for part in parts:
+        path = ROOT / part
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    return files
+
+
+def _violations(files: list[Path], forbidden: list[str]) -> list[str]:
+    return [f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f} imports {m}" for f in files for m in sorted(_imports(f))
+            if any(m == p or m.startswith(p + ".") for p in forbidden)]
+
+
+# (what, the files, the packages they must never import)
+LAYERS = [
+    ("the bank plans and stores; the engine runs it", ["mtplx/bank"], ["mtplx.engine"]),
+    ("shared state imports neither side", ["mtplx/state"], ["mtplx.engine", "mtplx.bank"]),
+    ("the core never imports a framework or an edge",
+     ["mtplx/engine", "mtplx/bank", "mtplx/state", "mtplx/receipts", "mtplx/replay", "mtplx/events.py",
+      "mtplx/chat.py", "mtplx/reply_stream.py", "mtplx/tool_formats.py"],
+     FRAMEWORKS + ["tui", "mtplx.server", "mtplx.cli"]),
+]
+
+
+@pytest.mark.parametrize("rule, parts, forbidden", LAYERS, ids=[rule for rule, _, _ in LAYERS])
+def test_layering_contract(rule, parts, forbidden):
+    files = _files(*parts)
+    assert files, f"no files under {parts}"
+    assert _violations(files, forbidden) == []
+
+
+def test_layering_contract_sees_lazy_imports(tmp_path):
+    """The scan is not vacuous: an import inside a function, or of a submodule, is a violation;
+    a module that merely shares the prefix is not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import mtplx.engineering\ndef f():\n    from mtplx.engine.generation import Generation\n")
+    assert _violations([probe], ["mtplx.engine"]) == [f"{probe} imports mtplx.engine.generation",
+                                                      f"{probe} imports mtplx.engine.generation.Generation"]
 
 
 def test_help_imports_no_mlx():

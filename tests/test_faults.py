@@ -314,14 +314,14 @@ def test_a_dead_engine_thread_answers_503_instead_of_hanging():
 def test_idle_work_failure_drops_that_job_only(tmp_path, cold):
     served = Served(tmp_path)
     try:
-        bank = served.engine.bank
+        executor = served.engine.bank_executor
 
         def broken_step():
             raise RuntimeError("a bug in idle work")
 
-        original, bank.idle_step = bank.idle_step, broken_step
+        original, executor.idle_step = executor.idle_step, broken_step
         assert reply_of(served.chat(FIRST)) == cold[0]["choices"][0]["message"]
-        served.engine.call(lambda: setattr(bank, "idle_step", original))
+        served.engine.call(lambda: setattr(executor, "idle_step", original))
         assert reply_of(served.chat(second_turn(cold[0]))) == cold[1]["choices"][0]["message"]
         assert served.engine.alive
     finally:

@@ -9,6 +9,7 @@ import pytest
 from mtplx import fast_path
 from mtplx.chat import render
 from mtplx.engine import cache_state
+from mtplx.state import snapshot
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import Sampler, SamplingParams, probabilities
 from mtplx.engine.speculation import accept_drafts
@@ -68,7 +69,7 @@ def assert_same_values(x: np.ndarray, y: np.ndarray) -> None:
 
 
 def _assert_same_state(a, b):
-    sa, sb = cache_state.snapshot(a), cache_state.snapshot(b)
+    sa, sb = snapshot.snapshot(a), snapshot.snapshot(b)
     for la, lb in zip(sa, sb):
         assert la.kind == lb.kind and la.offset == lb.offset
         for x, y in zip(la.arrays, lb.arrays):

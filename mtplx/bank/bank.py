@@ -1,7 +1,11 @@
-"""The session bank (RAM tier): plan a restore, capture anchors during prefill, commit turns, and
-prepare the next turn's rendering in idle time.
+"""The session bank: a planner and a store. It plans where a request restores from (pure over
+token lists and entry views, plan.py), keeps entries in RAM with write-through to the SSD tier,
+and commits the turns the engine hands it. It never runs the model and never imports the engine:
+the engine's bank_executor carries its plans out (restores caches, feeds a turn's tail, prefills
+the renderings commit names in idle time).
 
-Only the engine thread calls this. Every step is: plan (pure, plan.py) -> carry out (entry.py).
+Only the engine thread calls it. Actions are reported through the `notify` callback it is built
+with: (action, detail), e.g. ("stored", "e_…: 812 tokens …").
 """
 
 from __future__ import annotations
@@ -10,14 +14,13 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable
 
-from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor, Markers, as_tokens, prompt_anchors
-from mtplx.bank.entry import Entry, entry_from_state, recurrent_arrays
-from mtplx.bank.plan import (attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
+from mtplx.bank.anchors import MESSAGE, Anchor, Markers, as_tokens, prompt_anchors
+from mtplx.bank.entry import Entry
+from mtplx.bank.plan import (RestorePlan, attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
                              thin_checkpoints)
 from mtplx.bank.spans import message_spans, reuse_ceiling, same_reply
-from mtplx.engine.generation import Generation, StartPoint, TurnState
 
 log = logging.getLogger("mtplx.bank")
 
@@ -82,20 +85,45 @@ class Outcome:
     plan_ms: float = 0.0
 
 
+@dataclass(frozen=True)
+class TurnPlan:
+    """The bank's plan for one prompt: where to restore from and where to capture (`restore`),
+    and what the executor hands back at commit (identity, session, anchors) or reports (ceiling,
+    cause, plan_ms)."""
+
+    restore: RestorePlan
+    identity: str
+    session: str | None
+    anchors: tuple[Anchor, ...]
+    ceiling: int | None = None
+    cause: str | None = None
+    plan_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """What the engine hands the bank when a turn ends: its state as an entry, and the chat the
+    turn answered with the reply it gave (parsed once, by the engine)."""
+
+    entry: Entry
+    chat: dict | None = None  # {"messages", "tools", "enable_thinking"} when the request was a chat
+    reply: dict | None = None  # the assistant message the reply parses to (chat.parse_reply)
+    sent_back: bool = False  # the client's next request carries this reply (ended by EOS or max_tokens)
+
+
 class SessionBank:
-    def __init__(self, runner, identity: str, config: BankConfig = BankConfig(), chunk_size: int = 256, ssd=None):
-        self.runner, self.config, self.chunk_size, self.ssd = runner, config, chunk_size, ssd
-        self.tokenizer = runner.checkpoint.tokenizer
-        self.markers = Markers.from_tokenizer(self.tokenizer)
-        self.think_id = self.tokenizer.get_vocab().get("<think>")
-        self.base_identity = identity
+    def __init__(self, tokenizer, identity: str, *, recurrent: bool, config: BankConfig = BankConfig(), ssd=None,
+                 notify: Callable[[str, str], None] = lambda action, detail: None):
+        """`recurrent`: the model has recurrent layers (their state exists only at captured points);
+        `notify(action, detail)` hears every bank action."""
+        self.tokenizer, self.base_identity, self.recurrent = tokenizer, identity, recurrent
+        self.config, self.ssd, self.notify = config, ssd, notify
+        self.markers = Markers.from_tokenizer(tokenizer)
+        self.think_id = tokenizer.get_vocab().get("<think>")
         self.entries: dict[str, Entry] = {}
         self.evicted: deque[tuple[int, ...]] = deque(maxlen=32)
-        self.idle: deque[Iterator] = deque()
         self.outcomes: dict[str, Outcome] = {}
-        self._captures: dict[int, list] = {}
         self.last_turn: dict[str, tuple[int, dict]] = {}  # session -> (messages sent, reply generated)
-        self.notify = lambda action, detail: None  # the engine points this at its listeners
         self.pending_writes: deque[Entry] = deque()  # entries waiting to be persisted (idle time)
         self.ssd_views = {v.entry_id: v for v in ssd.views()} if ssd is not None else {}
         self.ssd_health = SsdHealth()
@@ -129,39 +157,24 @@ class SessionBank:
         return {"ram_entries": len(self.entries), "ram_budget_bytes": self.config.budget_bytes, "ssd": ssd,
                 "ssd_error": self.ssd_health.error, "pending_writes": len(self.pending_writes)}
 
-    # -- plan + restore ---------------------------------------------------------------------
-    def plan(self, request, gen: Generation):
-        prompt = list(request.prompt)
+    # -- plan -------------------------------------------------------------------------------
+    def plan(self, prompt, *, use_mtp: bool, session: str | None = None, chat: dict | None = None,
+             request_id: str | None = None) -> TurnPlan:
+        """Where `prompt` restores from, over the entries held now. A chat request also gets its
+        reuse ceiling and, below it, the cause of the miss. Reads the store, changes nothing."""
+        prompt = list(prompt)
         t0 = time.perf_counter()
         tokens = as_tokens(prompt)  # converted once; anchors and planner scan it in C
         anchors = prompt_anchors(tokens, self.markers, min_restore=self.config.min_restore, grid=self.config.grid)
-        identity = self.identity(gen.use_mtp)
-        plan = plan_restore(tokens, anchors, self.views(), identity, need_mtp=gen.use_mtp,
-                            recurrent=self.runner.has_recurrent, min_restore=self.config.min_restore)
+        identity = self.identity(use_mtp)
+        restore = plan_restore(tokens, anchors, self.views(), identity, need_mtp=use_mtp, recurrent=self.recurrent,
+                               min_restore=self.config.min_restore)
         plan_ms = (time.perf_counter() - t0) * 1000
         # Session: the client's header, else inferred from the entry with the longest match (a
         # restore always copies state, so two clients matching one entry fork, never share).
-        self._session = request.session or self._session_of(plan.entry_id) or request.request_id
-        ceiling, cause = self._ceiling_and_cause(request, prompt, plan, identity, anchors)
-        state, source = None, "cold"
-        if plan.entry_id is not None:
-            try:
-                entry, source = self._fetch(plan.entry_id, identity)
-                state = entry.restore(plan.position, prompt[plan.position])
-            except Exception as exc:  # a damaged entry is dropped, never served
-                log.warning("restore from %s failed (%s); computing cold", plan.entry_id, exc)
-                self.entries.pop(plan.entry_id, None)
-                self.ssd_views.pop(plan.entry_id, None)
-                self.notify("discarded", f"{plan.entry_id}: {exc}")
-                state, source, cause = None, "cold", f"restore failed, computed cold: {exc}"
-        self.outcomes[request.request_id] = Outcome(request.request_id, len(prompt), ceiling,
-                                                    state.length if state else 0, source, plan.anchor, cause, plan_ms)
-        self._captures = {}
-        self._anchors = anchors
-        if state is not None:
-            self.notify("restored", f"{state.length} tokens from {plan.entry_id} at {plan.anchor or 'a cut'} (plan {plan_ms:.2f} ms)")
-        start = StartPoint(state, source, plan.anchor, ceiling, cause, plan.entry_id if state is not None else None)
-        return start, plan.captures, self._capture
+        session = session or self._session_of(restore.entry_id) or request_id
+        ceiling, cause = self._ceiling_and_cause(chat, session, prompt, restore, identity, anchors)
+        return TurnPlan(restore, identity, session, tuple(anchors), ceiling, cause, plan_ms)
 
     def _session_of(self, entry_id: str | None) -> str | None:
         """The session of an entry in either tier (after a restart most live only on SSD)."""
@@ -172,27 +185,14 @@ class SessionBank:
         view = self.ssd_views.get(entry_id)
         return view.session if view is not None else None
 
-    def _fetch(self, entry_id: str, identity: str) -> tuple[Entry, str]:
-        """The entry from RAM, or loaded (validated) from SSD and promoted to RAM."""
-        if entry_id in self.entries:
-            return self.entries[entry_id], "ram"
-        entry = self.ssd.load(entry_id, identity)
-        self.entries[entry_id] = entry
-        self.notify("promoted", f"{entry_id}: {len(entry.tokens)} tokens from SSD to RAM")
-        return entry, "ssd"
-
-    def _capture(self, position: int, state: TurnState) -> None:
-        self._captures[position] = recurrent_arrays(state.trunk)
-
-    def _ceiling_and_cause(self, request, prompt, plan, identity, anchors) -> tuple[int | None, str | None]:
-        chat = request.chat
+    def _ceiling_and_cause(self, chat, session, prompt, plan, identity, anchors) -> tuple[int | None, str | None]:
         if not chat:
             return None, None
         messages = chat["messages"]
         spans = message_spans(prompt, messages, self.markers)
         head = next((a.position for a in anchors if a.kind == "head"), None)
         known = None
-        if (previous := self.last_turn.get(self._session)) is not None:
+        if (previous := self.last_turn.get(session)) is not None:
             sent, reply = previous
             known = sent + 1 if len(messages) > sent and same_reply(messages[sent], reply) else sent
         closest = None  # scanned only when needed: a follow-up turn that restores its ceiling never is
@@ -217,65 +217,35 @@ class SessionBank:
         best = max(views, key=lambda v: common_prefix(v.tokens, prompt), default=None)
         return best, max((common_prefix(t, prompt) for t in self.evicted), default=0)
 
-    def _anchors_for(self, prompt):
-        return prompt_anchors(prompt, self.markers, min_restore=self.config.min_restore, grid=self.config.grid)
+    def record(self, outcome: Outcome) -> None:
+        """What a request's restore achieved (the executor carried the plan out)."""
+        self.outcomes[outcome.request_id] = outcome
 
-    # -- commit -----------------------------------------------------------------------------
-    def commit(self, request, gen: Generation) -> None:
-        """Store the turn as computed (prompt + generated tokens), then queue the render-ahead."""
-        state = gen.state
-        if state is None:
-            return
-        if gen.prefill_cut is not None:
-            return self._store_partial(gen)
-        anchors = list(self._anchors)
-        if gen.finish_reason == "stop" and not gen.stream.stopped:
-            self._feed_to_end(gen, list(request.prompt) + gen.generated + [gen.stop_token])
-            anchors.append(Anchor(state.length, GENERATION_END))
-        last_hidden = gen.last_hidden_at_end
-        self._store(entry_from_state(state, self.identity(gen.use_mtp), self._captures, anchors, last_hidden,
-                                     self._session))
-        # A reply cut by max_tokens still goes back into the client's history, so it is rendered
-        # ahead too; a cancelled one, or one ended by a stop string, is not sent back as it is.
-        if request.chat:
-            from mtplx.chat import parse_reply
+    # -- the store --------------------------------------------------------------------------
+    def get(self, entry_id: str, identity: str) -> tuple[Entry, str]:
+        """The entry and its tier: from RAM, or loaded (validated) from SSD and promoted to RAM.
+        Raises if the SSD copy is damaged (the tier has then deleted it)."""
+        if entry_id in self.entries:
+            return self.entries[entry_id], "ram"
+        entry = self.ssd.load(entry_id, identity)
+        self.entries[entry_id] = entry
+        self.notify("promoted", f"{entry_id}: {len(entry.tokens)} tokens from SSD to RAM")
+        return entry, "ssd"
 
-            self.last_turn[self._session] = (len(request.chat["messages"]), parse_reply(gen.stream.text))
-            while len(self.last_turn) > 1024:  # only recent sessions matter for the ceiling
-                self.last_turn.pop(next(iter(self.last_turn)))
-        if self.config.render_ahead and request.chat and (gen.finish_reason == "length" or
-                                                         (gen.finish_reason == "stop" and not gen.stream.stopped)):
-            from mtplx.bank.render_ahead import variants
+    def holds(self, tokens) -> bool:
+        """Whether a RAM entry holds exactly `tokens` (its state at the end included)."""
+        tokens = tuple(tokens)
+        return any(e.tokens == tokens for e in self.entries.values())
 
-            for tokens in variants(self.tokenizer, request.chat, gen.stream.text, self.markers):
-                self.idle.append(self._prefill_variant(tokens, gen.use_mtp, self._session))
+    def evict(self, entry_id: str, why: str) -> None:
+        """Drop an entry that failed to restore from both tiers: a damaged entry is never served."""
+        self.entries.pop(entry_id, None)
+        self.ssd_views.pop(entry_id, None)
+        self.notify("discarded", f"{entry_id}: {why}")
 
-    def _store_partial(self, gen: Generation) -> None:
-        """A prefill cancelled between chunks: keep the prompt prefix it computed, so a client that
-        gave up and resends (Claude Code after 300 s) restores it instead of starting over, while
-        the engine was freed at once. Stored like a turn's end: the MTP head's pairs stop one short
-        of the cut and the hidden state there completes the next pair on restore."""
-        from mtplx.engine import cache_state
-
-        cut, state = gen.prefill_cut, gen.state
-        anchors = [a for a in self._anchors if a.position <= cut]
-        entry = entry_from_state(state, self.identity(gen.use_mtp), self._captures, anchors, gen.last_hidden,
-                                 self._session)
-        if entry.mtp is not None:  # the last chunk's pairs reached the prompt token at `cut`
-            entry.mtp = cache_state.truncate_kv([entry.mtp], cut - 1)[0]
-        self._store(entry)
-        self.notify("kept_partial", f"{entry.entry_id}: a cancelled prefill's first {cut} tokens")
-
-    def _feed_to_end(self, gen: Generation, target: list[int]) -> None:
-        """Feed generated tokens the decode loop sampled but never fed (the last one, EOS)."""
-        state = gen.state
-        if state.tokens != target[: len(state.tokens)]:
-            return  # the cache went past the turn's end (a stop string): keep what was computed
-        rest = target[len(state.tokens):]
-        if rest:
-            gen.feed_tail(rest)
-
-    def _store(self, entry: Entry) -> None:
+    def put(self, entry: Entry) -> None:
+        """Keep `entry` in RAM (thinned to the checkpoint budget, absorbing the entries it
+        supersedes), queue its SSD write, and evict RAM entries over the budget."""
         pinned = {a.position for a in entry.anchors if a.kind in ("head",)}
         messages = [a.position for a in entry.anchors if a.kind == MESSAGE]
         pinned.update(messages[-2:])
@@ -306,39 +276,26 @@ class SessionBank:
                                    f"the {self.config.budget_bytes / 2**20:.0f} MiB budget, least recently used"
                                    + (" (still on SSD)" if gone in self.ssd_views else ""))
 
-    # -- render-ahead (idle work) ------------------------------------------------------------
-    def _prefill_variant(self, tokens: list[int], use_mtp: bool, session: str | None) -> Iterator:
-        """Compute state for the next request's rendering, one prefill chunk per step."""
-        from mtplx.engine.request import GenerationRequest
+    # -- commit -----------------------------------------------------------------------------
+    def commit(self, turn: TurnRecord) -> list[list[int]]:
+        """Store a turn as computed (prompt + generated tokens) and remember the reply it gave its
+        session. Returns the renderings the session's next request will use (render_ahead.py),
+        for the executor to prefill in idle time; none when render-ahead is off or the reply is
+        not sent back as it is (cancelled, or cut by a stop string)."""
+        self.put(turn.entry)
+        if not turn.chat:
+            return []
+        session = turn.entry.session
+        self.last_turn[session] = (len(turn.chat["messages"]), turn.reply)
+        while len(self.last_turn) > 1024:  # only recent sessions matter for the ceiling
+            self.last_turn.pop(next(iter(self.last_turn)))
+        if not (self.config.render_ahead and turn.sent_back):
+            return []
+        from mtplx.bank.render_ahead import variants
 
-        identity = self.identity(use_mtp)
-        anchors = self._anchors_for(tokens)
-        plan = plan_restore(tokens, anchors, self.views(), identity, need_mtp=use_mtp,
-                            recurrent=self.runner.has_recurrent, min_restore=self.config.min_restore)
-        if any(e.tokens == tuple(tokens) for e in self.entries.values()):
-            return  # already held, state at its end included
-        gen = Generation(self.runner, GenerationRequest(tuple(tokens), source="render_ahead", session=session),
-                         use_mtp=use_mtp, depth=1, chunk_size=self.chunk_size, eos_ids=set(), submitted_at=time.monotonic())
-        state = None
-        if plan.entry_id:
-            try:
-                base = self._fetch(plan.entry_id, identity)[0]
-                seen = base.hits, base.last_restore  # the views show the turns' restores, not this one
-                state = base.restore(plan.position, tokens[plan.position])
-                base.hits, base.last_restore = seen
-            except Exception as exc:  # a damaged SSD entry: drop it and compute this branch cold
-                self.ssd_views.pop(plan.entry_id, None)
-                self.notify("discarded", f"{plan.entry_id}: {exc}")
-        captures: dict[int, list] = {}
-        hook = lambda p, st: captures.__setitem__(p, recurrent_arrays(st.trunk))
-        for _ in gen.prefill(StartPoint(state), plan.captures, hook):
-            yield
-        # The whole variant is in the trunk; its last hidden completes the MTP history on restore.
-        entry = entry_from_state(gen.state, identity, captures, [*anchors, Anchor(len(tokens), MESSAGE)],
-                                 gen.last_hidden, session)
-        entry.origin = "render_ahead"
-        self._store(entry)
+        return variants(self.tokenizer, turn.chat, turn.reply, self.markers)
 
+    # -- SSD writes (idle work) -------------------------------------------------------------
     def persist_one(self) -> None:
         entry = self.pending_writes.popleft()
         if entry.entry_id not in self.entries:
@@ -382,27 +339,11 @@ class SessionBank:
                 break  # the disk still fails: do not spend the shutdown retrying every entry
 
     @property
-    def has_idle_work(self) -> bool:
-        return bool(self.idle or (self.pending_writes and not self.ssd_health.waiting))
+    def writes_due(self) -> bool:
+        """Entries wait to be persisted and the SSD tier is not in a retry back-off."""
+        return bool(self.pending_writes and not self.ssd_health.waiting)
 
     @property
     def idle_wait(self) -> float | None:
-        """How long the engine may sleep before idle work is due again (None: until woken)."""
+        """How long the engine may sleep before a write is due again (None: until woken)."""
         return self.ssd_health.waiting if self.pending_writes and self.ssd_health.waiting else None
-
-    def idle_step(self) -> bool:
-        """Run one unit of idle work; returns whether any remains."""
-        if self.pending_writes and not self.ssd_health.waiting:
-            self.persist_one()
-            return True
-        while self.idle:
-            try:
-                next(self.idle[0])
-                return True
-            except StopIteration:
-                self.idle.popleft()
-            except Exception as exc:  # idle work is an optimisation: a failure drops it, never the engine
-                log.exception("render-ahead failed")
-                self.notify("render_ahead_failed", f"{type(exc).__name__}: {exc}")
-                self.idle.popleft()
-        return self.has_idle_work

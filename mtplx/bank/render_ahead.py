@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from mtplx.bank.markers import Markers
 from mtplx.bank.plan import common_prefix
-from mtplx.chat import parse_reply, render
+from mtplx.chat import render
 
 _PROBE_A, _PROBE_B = "\u2063a", "\u2063b"  # two contents that differ only past the turn header
 
 
-def variants(tokenizer, chat: dict, reply_text: str, markers: Markers | None = None) -> list[list[int]]:
-    reply = parse_reply(reply_text)
+def variants(tokenizer, chat: dict, reply: dict, markers: Markers | None = None) -> list[list[int]]:
+    """`reply`: the assistant message the model's reply parses to (chat.parse_reply)."""
     base = list(chat["messages"]) + [reply]
     tools, thinking = chat.get("tools"), chat.get("enable_thinking")
     start_id = (markers or Markers.from_tokenizer(tokenizer)).turn_start

@@ -267,7 +267,7 @@ class SsdTier:
         import mlx.core as mx
 
         from mtplx.bank.entry import Entry
-        from mtplx.engine.cache_state import LayerSnapshot
+        from mtplx.state.snapshot import LayerSnapshot
 
         row = self.db.execute("select file, checksum, token_count, identity, tokens, session, created, anchors "
                               "from entries where entry_id = ?", (entry_id,)).fetchone()

@@ -90,6 +90,7 @@ class Engine:
         `ssd`: an SsdConfig to persist it across restarts, or None."""
         self.model_path, self.config, self.name = Path(model_path), config, name
         self.bank_config, self.bank, self.ssd_config = bank, None, ssd
+        self.bank_executor = None  # carries the bank's plans out (engine/bank_executor.py)
         self.listeners: list[Callable[[EngineEvent], None]] = []
         self._queues: OrderedDict[str, deque[Submission]] = OrderedDict()
         self._lock = threading.Condition()
@@ -198,13 +199,13 @@ class Engine:
     def settle(self) -> None:
         """Return once idle work (the bank's render-ahead) has run out, as it does when an agent
         spends a moment on its tools between requests."""
-        while self.bank is not None and self.call(lambda: self.bank.has_idle_work):
+        while self.bank is not None and self.call(lambda: self.bank_executor.has_idle_work):
             pass
 
     def _next(self) -> Submission | None:
         with self._lock:
             while not self._stopping and not self._queues:
-                if self.bank is not None and self.bank.has_idle_work:
+                if self.bank is not None and self.bank_executor.has_idle_work:
                     return _IDLE
                 # Idle work that waits (an SSD retry back-off) wakes the thread when it is due.
                 self._lock.wait(self.bank.idle_wait if self.bank is not None else None)
@@ -241,6 +242,7 @@ class Engine:
             self.eos_ids = set(self.checkpoint.tokenizer.eos_token_ids)
             if self.bank_config is not None:
                 from mtplx.bank.bank import SessionBank
+                from mtplx.engine.bank_executor import BankExecutor
 
                 ssd = None
                 if self.ssd_config is not None:
@@ -251,8 +253,10 @@ class Engine:
                     except Exception as exc:  # an unusable disk costs persistence, never serving
                         self.ssd_error = f"{type(exc).__name__}: {exc}"
                         log.warning("SSD tier unavailable (%s); the bank is RAM-only", self.ssd_error)
-                self.bank = SessionBank(self.runner, self.checkpoint.identity, self.bank_config, self.config.chunk_size, ssd)
-                self.bank.notify = lambda action, detail: self._broadcast(BankDecision(self.busy, action, detail))
+                self.bank = SessionBank(self.checkpoint.tokenizer, self.checkpoint.identity,
+                                        recurrent=self.runner.has_recurrent, config=self.bank_config, ssd=ssd,
+                                        notify=lambda action, detail: self._broadcast(BankDecision(self.busy, action, detail)))
+                self.bank_executor = BankExecutor(self.runner, self.bank, self.config.chunk_size)
         except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread
             # An unexpected error while loading is still a load error: one line, exit 2 at the CLI.
             self._load_error = exc if isinstance(exc, MtplxError) or not isinstance(exc, Exception) else \
@@ -282,10 +286,10 @@ class Engine:
         """One unit of work. An exception fails at most that request or that background job."""
         if sub is _IDLE:  # idle work (render-ahead, SSD writes) runs one chunk, then requests come first
             try:
-                self.bank.idle_step()
+                self.bank_executor.idle_step()
             except Exception as exc:
                 log.exception("idle work failed; dropped")
-                self.bank.idle.clear()
+                self.bank_executor.jobs.clear()
                 self._broadcast(BankDecision(None, "idle_failed", f"{type(exc).__name__}: {exc}"))
             return
         if isinstance(sub, _Call):
@@ -329,12 +333,13 @@ class Engine:
             use_mtp = self.config.use_mtp if request.use_mtp is None else request.use_mtp
             gen = Generation(self.runner, request, use_mtp=use_mtp, depth=request.depth or self.config.depth,
                              chunk_size=self.config.chunk_size, eos_ids=self.eos_ids, submitted_at=sub.submitted_at)
-            start, checkpoints, hook = (self.bank.plan(request, gen) if self.bank else (StartPoint(), (), None))
+            banked = self.bank_executor.begin(request, gen.use_mtp) if self.bank else None
+            start, checkpoints, hook = (banked.start, banked.checkpoints, banked.capture) if banked else (StartPoint(), (), None)
             for event in events(gen, start, self._cancelled(sub), checkpoints, hook):
                 self._publish(sub, event)
-            if self.bank:
+            if banked:
                 try:
-                    self.bank.commit(request, gen)
+                    self.bank_executor.commit(banked, gen, event)
                 except Exception:  # the turn was served; a failed commit only costs a future restore
                     log.exception("bank commit failed for %s", request.request_id)
         except RequestError as exc:

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from mtplx.engine import cache_state
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.runner import ModelRunner
 from mtplx.engine.sampling import Sampler, apply_repetition_penalty
@@ -23,37 +21,9 @@ from mtplx.engine.speculation import Speculator
 from mtplx.engine.stats import GenerationStats
 from mtplx.engine.text_stream import TextStream
 from mtplx.events import DraftVerified, FirstToken, Finished, PrefillProgress, Restored, Tokens
+from mtplx.state.turn import CheckpointHook, StartPoint, TurnState  # noqa: F401  (StartPoint: callers import it here)
 
 
-@dataclass
-class TurnState:
-    """The caches of one request. `length` tokens of `tokens` are in the trunk cache; the MTP
-    cache holds pairs for positions below `length` minus the pending pairs."""
-
-    trunk: list
-    mtp: object | None
-    tokens: list[int]
-    length: int = 0
-    mtp_pending: object | None = None  # hidden at length-1 whose MTP pair awaits the next token
-
-
-@dataclass(frozen=True)
-class StartPoint:
-    """Where a request starts: a state restored (or kept live) holding `cached` prompt tokens."""
-
-    state: TurnState | None = None
-    source: str = "cold"
-    anchor: str | None = None
-    ceiling: int | None = None
-    shortfall: str | None = None
-    entry_id: str | None = None  # the bank entry restored from
-
-    @property
-    def cached(self) -> int:
-        return self.state.length if self.state else 0
-
-
-CheckpointHook = Callable[[int, TurnState], None]
 
 
 class Generation:

@@ -1,0 +1,200 @@
+"""Carries the session bank's plans out on the engine thread: restores caches from an entry,
+captures recurrent state at the planned checkpoints, feeds a finished turn's tail, hands the
+bank the turn as an entry, and prefills the renderings it names as idle work, one chunk per step
+(so a request arriving meanwhile waits at most one chunk).
+
+The bank (mtplx/bank) plans and stores; this module is the only one that runs the model for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor
+from mtplx.bank.bank import Outcome, SessionBank, TurnPlan, TurnRecord
+from mtplx.bank.entry import Entry
+from mtplx.state import snapshot
+from mtplx.state.turn import StartPoint, TurnState
+
+log = logging.getLogger("mtplx.bank")
+
+
+def restore(entry: Entry, position: int) -> TurnState:
+    """Fresh caches holding `entry`'s state at `position` (a point the planner chose)."""
+    snap = snapshot.truncate_kv(entry.trunk, position)
+    if entry.recurrent and position != len(entry.tokens):
+        arrays = entry.checkpoints[position]
+        snap = [s if a is None else snapshot.LayerSnapshot("arrays", tuple(a)) for s, a in zip(snap, arrays)]
+    trunk = snapshot.restore(snap)
+    mtp, pending = None, None
+    if entry.mtp is not None:
+        keep = min(position, entry.mtp.offset)
+        mtp = snapshot.restore(snapshot.truncate_kv([entry.mtp], keep))[0]
+        if keep == position - 1:  # the entry's end: rebuild pair (h[p-1], x[p]) from the kept hidden
+            pending = entry.last_hidden
+    return TurnState(trunk, mtp, list(entry.tokens[:position]), position, mtp_pending=pending)
+
+
+def entry_from_state(state: TurnState, plan: TurnPlan, checkpoints: dict[int, list], anchors: list[Anchor],
+                     last_hidden) -> Entry:
+    """An independent copy of a turn's caches (they go on being written by the next request)."""
+    mtp = snapshot.snapshot([state.mtp])[0] if isinstance(state.mtp, KVCache) else None
+    kept = {p: a for p, a in checkpoints.items() if p < state.length}
+    return Entry(tuple(state.tokens[: state.length]), plan.identity, snapshot.snapshot(state.trunk), kept, mtp,
+                 mx.array(last_hidden) if last_hidden is not None else None, anchors, plan.session)
+
+
+@dataclass
+class BankedTurn:
+    """One request's side of the bank: its plan, where it starts, and the recurrent state the
+    prefill captured at the plan's checkpoints (kept here, per request, until commit)."""
+
+    plan: TurnPlan
+    start: StartPoint
+    captures: dict[int, list] = field(default_factory=dict)
+
+    @property
+    def checkpoints(self) -> tuple[int, ...]:
+        return self.plan.restore.captures
+
+    def capture(self, position: int, state: TurnState) -> None:
+        """The prefill's checkpoint hook."""
+        self.captures[position] = snapshot.recurrent_arrays(state.trunk)
+
+
+class BankExecutor:
+    def __init__(self, runner, bank: SessionBank, chunk_size: int):
+        self.runner, self.bank, self.chunk_size = runner, bank, chunk_size
+        self.jobs: deque[Iterator] = deque()  # render-ahead prefills, advanced one chunk per idle step
+
+    # -- a request --------------------------------------------------------------------------
+    def begin(self, request, use_mtp: bool) -> BankedTurn:
+        """Plan the request's restore and carry it out; a damaged entry is dropped and the
+        request computed cold."""
+        prompt = request.prompt
+        plan = self.bank.plan(prompt, use_mtp=use_mtp, session=request.session, chat=request.chat,
+                              request_id=request.request_id)
+        entry_id, position = plan.restore.entry_id, plan.restore.position
+        state, source, cause = None, "cold", plan.cause
+        if entry_id is not None:
+            try:
+                entry, source = self.bank.get(entry_id, plan.identity)
+                state = restore(entry, position)
+                entry.used(position)
+            except Exception as exc:  # a damaged entry is dropped, never served
+                log.warning("restore from %s failed (%s); computing cold", entry_id, exc)
+                self.bank.evict(entry_id, str(exc))
+                state, source, cause = None, "cold", f"restore failed, computed cold: {exc}"
+        self.bank.record(Outcome(request.request_id, len(prompt), plan.ceiling, state.length if state else 0, source,
+                                 plan.restore.anchor, cause, plan.plan_ms))
+        if state is not None:
+            self.bank.notify("restored", f"{state.length} tokens from {entry_id} at "
+                                         f"{plan.restore.anchor or 'a cut'} (plan {plan.plan_ms:.2f} ms)")
+        start = StartPoint(state, source, plan.restore.anchor, plan.ceiling, cause,
+                           entry_id if state is not None else None)
+        return BankedTurn(plan, start)
+
+    def commit(self, turn: BankedTurn, gen, finished) -> None:
+        """Hand the bank the turn as computed (prompt + generated tokens); queue the renderings it
+        names. `gen`: the request's Generation; `finished`: its Finished event."""
+        state = gen.state
+        if state is None:
+            return
+        if gen.prefill_cut is not None:
+            return self._keep_partial(turn, gen)
+        anchors = list(turn.plan.anchors)
+        ended_by_eos = gen.finish_reason == "stop" and not gen.stream.stopped
+        if ended_by_eos:
+            self._feed_to_end(gen, list(gen.request.prompt) + gen.generated + [gen.stop_token])
+            anchors.append(Anchor(state.length, GENERATION_END))
+        entry = entry_from_state(state, turn.plan, turn.captures, anchors, gen.last_hidden_at_end)
+        # A reply cut by max_tokens still goes back into the client's history, so it is rendered
+        # ahead too; a cancelled one, or one ended by a stop string, is not sent back as it is.
+        reply = None
+        if gen.request.chat:
+            from mtplx.chat import parse_reply
+
+            reply = parse_reply(finished.text)
+        record = TurnRecord(entry, gen.request.chat, reply, sent_back=ended_by_eos or gen.finish_reason == "length")
+        for tokens in self.bank.commit(record):
+            self.jobs.append(self._render_ahead(tokens, gen.use_mtp, turn.plan.session))
+
+    def _keep_partial(self, turn: BankedTurn, gen) -> None:
+        """A prefill cancelled between chunks: keep the prompt prefix it computed, so a client that
+        gave up and resends (Claude Code after 300 s) restores it instead of starting over, while
+        the engine was freed at once. Stored like a turn's end: the MTP head's pairs stop one short
+        of the cut and the hidden state there completes the next pair on restore."""
+        cut = gen.prefill_cut
+        anchors = [a for a in turn.plan.anchors if a.position <= cut]
+        entry = entry_from_state(gen.state, turn.plan, turn.captures, anchors, gen.last_hidden)
+        if entry.mtp is not None:  # the last chunk's pairs reached the prompt token at `cut`
+            entry.mtp = snapshot.truncate_kv([entry.mtp], cut - 1)[0]
+        self.bank.put(entry)
+        self.bank.notify("kept_partial", f"{entry.entry_id}: a cancelled prefill's first {cut} tokens")
+
+    @staticmethod
+    def _feed_to_end(gen, target: list[int]) -> None:
+        """Feed generated tokens the decode loop sampled but never fed (the last one, EOS)."""
+        state = gen.state
+        if state.tokens != target[: len(state.tokens)]:
+            return  # the cache went past the turn's end (a stop string): keep what was computed
+        rest = target[len(state.tokens):]
+        if rest:
+            gen.feed_tail(rest)
+
+    # -- idle work --------------------------------------------------------------------------
+    def _render_ahead(self, tokens: list[int], use_mtp: bool, session: str | None) -> Iterator:
+        """Compute state for the next request's rendering, one prefill chunk per step."""
+        from mtplx.engine.generation import Generation
+        from mtplx.engine.request import GenerationRequest
+
+        if self.bank.holds(tokens):
+            return  # already held, state at its end included
+        plan = self.bank.plan(tokens, use_mtp=use_mtp, session=session)
+        state = None
+        if plan.restore.entry_id:
+            try:
+                base = self.bank.get(plan.restore.entry_id, plan.identity)[0]
+                state = restore(base, plan.restore.position)
+                base.used(None)  # the views show the turns' restores, not this one
+            except Exception as exc:  # a damaged SSD entry: drop it and compute this branch cold
+                self.bank.evict(plan.restore.entry_id, str(exc))
+        gen = Generation(self.runner, GenerationRequest(tuple(tokens), source="render_ahead", session=session),
+                         use_mtp=use_mtp, depth=1, chunk_size=self.chunk_size, eos_ids=set(), submitted_at=time.monotonic())
+        turn = BankedTurn(plan, StartPoint(state))
+        for _ in gen.prefill(turn.start, turn.checkpoints, turn.capture):
+            yield
+        # The whole variant is in the trunk; its last hidden completes the MTP history on restore.
+        entry = entry_from_state(gen.state, plan, turn.captures, [*plan.anchors, Anchor(len(tokens), MESSAGE)],
+                                 gen.last_hidden)
+        entry.origin = "render_ahead"
+        self.bank.put(entry)
+
+    @property
+    def has_idle_work(self) -> bool:
+        return bool(self.jobs) or self.bank.writes_due
+
+    def idle_step(self) -> bool:
+        """Run one unit of idle work (an SSD write, else one render-ahead chunk); returns whether
+        any remains."""
+        if self.bank.writes_due:
+            self.bank.persist_one()
+            return True
+        while self.jobs:
+            try:
+                next(self.jobs[0])
+                return True
+            except StopIteration:
+                self.jobs.popleft()
+            except Exception as exc:  # idle work is an optimisation: a failure drops it, never the engine
+                log.exception("render-ahead failed")
+                self.bank.notify("render_ahead_failed", f"{type(exc).__name__}: {exc}")
+                self.jobs.popleft()
+        return self.has_idle_work
