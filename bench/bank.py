@@ -100,11 +100,11 @@ def run_scenario(name, sessions, order, bank_config, model, rows, restarts):
                 s.reply(fin_w.text)
                 continue  # a session's first turn with a head never seen is cold by construction
             ratio = reuse_ratio(outcome.achieved, outcome.ceiling)
-            prefill_s = fin_w.stats["prefill_s"] or 1e-9
+            prefill_s = fin_w.stats.prefill_s or 1e-9
             rows.append(dict(model=model, scenario=name, session=s.name, prompt=len(prompt), ceiling=outcome.ceiling,
                              achieved=outcome.achieved, ratio=ratio, source=outcome.source, anchor=outcome.anchor,
-                             cause=outcome.cause, ttft_warm=fin_w.stats["ttft_s"], ttft_cold=fin_c.stats["ttft_s"],
-                             overhead=fin_w.stats["ttft_s"] / (prefill_s + fin_w.stats["sample_s"]) if fin_w.stats["prefill_s"] else None,
+                             cause=outcome.cause, ttft_warm=fin_w.stats.ttft_s, ttft_cold=fin_c.stats.ttft_s,
+                             overhead=fin_w.stats.ttft_s / (prefill_s + fin_w.stats.sample_s) if fin_w.stats.prefill_s else None,
                              parity=fin_w.token_ids == fin_c.token_ids))
             s.reply(fin_w.text)
     finally:
@@ -123,7 +123,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows, restarts):
         shutil.rmtree(ssd_root, ignore_errors=True)
     restarts.append(dict(model=model, scenario=name, prompt=len(prompt), cached=fin_r.cached_tokens,
                          source=outcome.source, anchor=outcome.anchor, ratio_vs_warm=fin_r.cached_tokens / max(fin_w.cached_tokens, 1),
-                         ttft_ssd=fin_r.stats["ttft_s"], ttft_cold=fin_c.stats["ttft_s"], parity=fin_r.token_ids == fin_c.token_ids))
+                         ttft_ssd=fin_r.stats.ttft_s, ttft_cold=fin_c.stats.ttft_s, parity=fin_r.token_ids == fin_c.token_ids))
 
 
 def planner_p50(tokenizer) -> dict[int, float]:

@@ -33,8 +33,8 @@ def acceptance(path: Path, prompts, tokens: int) -> tuple[float, list, list]:
             params = SamplingParams(max_tokens=tokens, ignore_eos=True)
             mtp = engine.submit(GenerationRequest(prompt, params, use_mtp=True, depth=1)).result()
             ar = engine.submit(GenerationRequest(prompt, params, use_mtp=False)).result()
-            drafted += mtp.stats["drafted_by_depth"][0]
-            accepted += mtp.stats["accepted_by_depth"][0]
+            drafted += mtp.stats.drafted_by_depth[0]
+            accepted += mtp.stats.accepted_by_depth[0]
             mtp_out.append(mtp.token_ids)
             ar_out.append(ar.token_ids)
     finally:

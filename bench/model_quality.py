@@ -98,8 +98,8 @@ def evaluate(name: str, conversations: int, max_len: int) -> dict:
                 bucket = by_length[long if len(prompt) >= LONG_PROMPT else short]
                 bucket[0], bucket[1] = bucket[0] + ok, bucket[1] + 1
                 same_tool += ok and called == m["tool_calls"][0]["function"]["name"]
-                drafted += fin.stats["drafted_by_depth"][0]
-                accepted += fin.stats["accepted_by_depth"][0]
+                drafted += fin.stats.drafted_by_depth[0]
+                accepted += fin.stats.accepted_by_depth[0]
     finally:
         engine.stop()
     return {

@@ -61,11 +61,11 @@ def run(engine, ps, tokens, mtp, depth=1):
         fin = engine.submit(GenerationRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True), use_mtp=mtp,
                                               depth=depth, source="bench")).result()
         s = fin.stats
-        tps.append(s["decode_tps"])
+        tps.append(s.decode_tps)
         if mtp:
-            drafted = [a + b for a, b in zip(drafted or [0] * depth, s["drafted_by_depth"])]
-            accepted = [a + b for a, b in zip(accepted or [0] * depth, s["accepted_by_depth"])]
-            verifies += s["verify_calls"]
+            drafted = [a + b for a, b in zip(drafted or [0] * depth, s.drafted_by_depth)]
+            accepted = [a + b for a, b in zip(accepted or [0] * depth, s.accepted_by_depth)]
+            verifies += s.verify_calls
     tau = (sum(accepted) + verifies) / verifies if mtp and verifies else None
     return statistics.mean(tps), drafted, accepted, tau
 

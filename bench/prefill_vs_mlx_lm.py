@@ -47,7 +47,7 @@ def main() -> None:
         engine = Engine(resolve(args.model), config, name=args.model).start()
         try:
             times[label] = min(engine.submit(GenerationRequest(tuple(prompt), SamplingParams(max_tokens=1))).result()
-                               .stats["ttft_s"] for _ in range(3))
+                               .stats.ttft_s for _ in range(3))
         finally:
             engine.stop()
     model, tokenizer = load(str(trunk_copy(args.model)))

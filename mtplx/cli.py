@@ -123,10 +123,10 @@ def generate(
             _fail(MtplxError(event.message))
         elif isinstance(event, Finished):
             s = event.stats
-            acc = " ".join(f"{a:.2f}" if a is not None else "-" for a in s["acceptance_by_depth"])
-            typer.echo(f"\n[{s['mode']}{' depth ' + str(s['depth']) if s['depth'] else ''}] "
-                       f"{event.completion_tokens} tokens, {s['decode_tps'] or 0:.1f} tok/s, TTFT {s['ttft_s']:.3f}s"
-                       + (f", tau {s['tau']:.2f}, acceptance by depth {acc}" if s["tau"] else "")
+            acc = " ".join(f"{a:.2f}" if a is not None else "-" for a in s.acceptance_by_depth)
+            typer.echo(f"\n[{s.mode}{' depth ' + str(s.depth) if s.depth else ''}] "
+                       f"{event.completion_tokens} tokens, {s.decode_tps or 0:.1f} tok/s, TTFT {s.ttft_s:.3f}s"
+                       + (f", tau {s.tau:.2f}, acceptance by depth {acc}" if s.tau else "")
                        + f", finish {event.finish_reason}", err=True)
     engine.stop()
 

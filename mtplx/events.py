@@ -74,6 +74,50 @@ class DraftVerified:
 
 
 @dataclass(frozen=True)
+class RequestStats:
+    """A finished request's statistics (engine/stats.py accumulates them while it runs)."""
+
+    mode: str = "ar"  # "ar" or "mtp"
+    depth: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    verify_calls: int = 0
+    drafted_by_depth: tuple[int, ...] = ()
+    accepted_by_depth: tuple[int, ...] = ()
+    drafted_by_segment: dict[str, int] = field(default_factory=dict)  # "reasoning", "content", "tool_call"
+    accepted_by_segment: dict[str, int] = field(default_factory=dict)
+    tokens_by_segment: dict[str, int] = field(default_factory=dict)
+    prefill_s: float = 0.0
+    mtp_prefill_s: float = 0.0  # the MTP head's KV over the prompt, computed after the first token
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    sample_s: float = 0.0
+    decode_s: float = 0.0
+    ttft_s: float | None = None
+    tau: float | None = None  # tokens per verify forward (accepted drafts + the one it samples)
+    acceptance_by_depth: tuple[float | None, ...] = ()
+    decode_tps: float | None = None
+    prefill_tps: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RequestStats":
+        """From plain data (the event stream's JSON); an unknown key is an error, not dropped."""
+        from dataclasses import fields
+
+        names = {f.name for f in fields(cls)}
+        if unknown := set(data) - names:
+            raise ValueError(f"unknown request statistics: {sorted(unknown)}")
+        lists = ("drafted_by_depth", "accepted_by_depth", "acceptance_by_depth")
+        return cls(**{k: tuple(v) if k in lists else v for k, v in data.items()})
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
 class Finished:
     request_id: str
     finish_reason: str  # "stop", "length", "cancelled"
@@ -82,8 +126,14 @@ class Finished:
     cached_tokens: int
     text: str
     token_ids: tuple[int, ...]
-    stats: dict  # GenerationStats.as_dict()
+    stats: RequestStats = field(default_factory=RequestStats)
     t: float = field(default_factory=_now)
+
+    def __post_init__(self):
+        if isinstance(self.stats, dict):  # plain data (the event stream's JSON, an empty {}): typed here
+            object.__setattr__(self, "stats", RequestStats.from_dict(self.stats))
+        elif not isinstance(self.stats, RequestStats):
+            raise ValueError(f"Finished.stats must be RequestStats, got {type(self.stats).__name__}")
 
 
 @dataclass(frozen=True)
@@ -118,6 +168,8 @@ def event_dict(event: EngineEvent) -> dict:
         out["request"] = {"source": r.source, "session": r.session, "prompt_tokens": len(r.prompt), "arm": r.arm}
     if isinstance(event, (Tokens, Finished)):
         out["token_ids"] = list(out["token_ids"])
+    if isinstance(event, Finished):
+        out["stats"] = event.stats.as_dict()
     out["type"] = type(event).__name__
     return out
 

@@ -32,7 +32,7 @@ def tune_model(model: str, tokens: int = 128, save: bool = True, echo: Callable[
             for name, (mtp, depth) in arms.items():
                 request = GenerationRequest(ids, SamplingParams(max_tokens=tokens), use_mtp=mtp, depth=depth, source="tune")
                 stats = engine.submit(request).result().stats
-                best[name] = max(best[name], stats["decode_tps"] or 0.0)
+                best[name] = max(best[name], stats.decode_tps or 0.0)
         for name, tps in best.items():
             echo(f"{name:<8} {tps:7.1f} tok/s  ({tps / best['ar']:.2f}x AR)")
         winner = max(best, key=best.get)

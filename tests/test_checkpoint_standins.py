@@ -124,7 +124,7 @@ def test_generate_mtp_and_ar(built, engines, row):
         fin = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=12, ignore_eos=True), use_mtp=mtp,
                                               session=f"gen-{mtp}")).result()
         out[mtp] = fin.token_ids
-        assert fin.stats["mode"] == ("mtp" if mtp and ROWS[row] else "ar")
+        assert fin.stats.mode == ("mtp" if mtp and ROWS[row] else "ar")
     assert out[True] == out[False]
     assert (engine.checkpoint.mtp_notice is None) == ROWS[row]
 
@@ -235,7 +235,7 @@ def test_quantized_head_loads_and_speculates(built, tmp_path):
         prompt = tuple(ck.tokenizer.apply_chat_template([{"role": "user", "content": "List the files in src."}],
                                                         add_generation_prompt=True))
         fin = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=24))).result()
-        assert fin.stats["mode"] == "mtp" and fin.stats["acceptance_by_depth"][0] > 0.5
+        assert fin.stats.mode == "mtp" and fin.stats.acceptance_by_depth[0] > 0.5
     finally:
         engine.stop()
 
@@ -328,7 +328,7 @@ def test_converted_qwen35_keeps_its_acceptance(built, engines):
         for prompt in prompts:
             params = SamplingParams(max_tokens=96, ignore_eos=True)
             mtp = engine.submit(GenerationRequest(prompt, params, use_mtp=True, depth=1)).result()
-            drafted, accepted = drafted + mtp.stats["drafted_by_depth"][0], accepted + mtp.stats["accepted_by_depth"][0]
+            drafted, accepted = drafted + mtp.stats.drafted_by_depth[0], accepted + mtp.stats.accepted_by_depth[0]
             if row == "qwen3_5-convert":
                 ar = engine.submit(GenerationRequest(prompt, params, use_mtp=False)).result()
                 assert mtp.token_ids == ar.token_ids
@@ -385,7 +385,7 @@ def test_bf16_moe_runs_in_float32_on_cpu_without_the_fast_path(tmp_path, monkeyp
     try:
         assert engine.checkpoint.extras["moe_float32"]
         fin = engine.submit(GenerationRequest((5, 9, 11, 3), SamplingParams(max_tokens=6, ignore_eos=True))).result()
-        assert fin.stats["mode"] == "mtp" and len(fin.token_ids) == 6
+        assert fin.stats.mode == "mtp" and len(fin.token_ids) == 6
     finally:
         engine.stop()
 

@@ -34,7 +34,7 @@ def test_mtp_greedy_equals_ar_greedy(engine, agent_prompt, depth):
     ar = _run(engine, agent_prompt, use_mtp=False)
     mtp = _run(engine, agent_prompt, use_mtp=True, depth=depth)
     assert mtp.token_ids == ar.token_ids and mtp.text == ar.text
-    assert mtp.stats["mode"] == "mtp" and mtp.stats["verify_calls"] > 0
+    assert mtp.stats.mode == "mtp" and mtp.stats.verify_calls > 0
 
 
 def test_chunk_size_does_not_change_output(engine, agent_prompt):

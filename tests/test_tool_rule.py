@@ -57,6 +57,6 @@ def test_mtp_greedy_equals_ar_greedy_under_a_rule(engine, tokenizer, mode):
     runs = [engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40), use_mtp=mtp, depth=3,
                                             tool_rule=rule)).result() for mtp in (False, True)]
     assert runs[0].token_ids == runs[1].token_ids
-    assert runs[1].stats["verify_calls"] > 0
+    assert runs[1].stats.verify_calls > 0
     opened = rule.call_open in runs[0].token_ids
     assert opened if mode == "required" else not opened

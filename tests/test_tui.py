@@ -24,7 +24,7 @@ def _turn(rid: str, prompt: int, cached: int, text: str, drafted: list[int], acc
             Restored(rid, prompt, cached, "ram" if cached else "cold", "message" if cached else None, 650 if cached else 37,
                      entry_id="e_1" if cached else None),
             FirstToken(rid, 0.125), Tokens(rid, (1,), text, "content"), DraftVerified(rid, 2, 1, "content"),
-            Finished(rid, "stop", prompt, 40, cached, text, (1,), stats.as_dict())]
+            Finished(rid, "stop", prompt, 40, cached, text, (1,), stats.freeze())]
 
 
 BANK = [{"id": "e_1", "session": "tui", "tokens": 740, "bytes": 3_100_000, "hits": 1, "checkpoints": [37, 620, 699],

@@ -215,7 +215,7 @@ class Generation:
         tail = "" if self.stream.stopped else self.stream.flush()
         return Finished(
             self.request.request_id, self.finish_reason or "stop", len(self.request.prompt), len(self.generated),
-            self.stats.cached_tokens, self.stream.text, tuple(self.generated), self.stats.as_dict(),
+            self.stats.cached_tokens, self.stream.text, tuple(self.generated), self.stats.freeze(),
         ), tail
 
 

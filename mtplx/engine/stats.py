@@ -1,10 +1,12 @@
-"""Per-request generation statistics: speculation acceptance by depth and by segment, time split."""
+"""Per-request generation statistics, counted while the request runs: speculation acceptance by
+depth and by segment, the time split. `freeze` gives the typed record the Finished event carries."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from mtplx.engine.segments import SEGMENTS
+from mtplx.events import RequestStats
 
 
 @dataclass
@@ -63,8 +65,9 @@ class GenerationStats:
         computed = self.prompt_tokens - self.cached_tokens
         return computed / self.prefill_s if self.prefill_s > 0 and computed > 0 else None
 
-    def as_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items()}
-        out.update(tau=self.tau, acceptance_by_depth=self.acceptance_by_depth,
-                   decode_tps=self.decode_tps, prefill_tps=self.prefill_tps)
-        return out
+    def freeze(self) -> RequestStats:
+        """The statistics as they stand, for the Finished event (a copy: this goes on counting)."""
+        counted = {k: tuple(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+                   for k, v in vars(self).items()}
+        return RequestStats(**counted, tau=self.tau, acceptance_by_depth=tuple(self.acceptance_by_depth),
+                            decode_tps=self.decode_tps, prefill_tps=self.prefill_tps)

@@ -99,11 +99,11 @@ class ReceiptWriter:
                 finish = client_finish(event.finish_reason, state["reply"].tool_calls)
                 row.update(completion_tokens=event.completion_tokens, finish_reason=finish,
                            output_sha256=hashlib.sha256(event.text.encode()).hexdigest(),
-                           prefill_tps=s.get("prefill_tps"), decode_tps=s.get("decode_tps"), mode=s.get("mode"),
-                           depth=s.get("depth"), tau=s.get("tau"),
-                           drafted_by_depth=json.dumps(s.get("drafted_by_depth", [])),
-                           accepted_by_depth=json.dumps(s.get("accepted_by_depth", [])),
-                           reasoning_tokens=s.get("tokens_by_segment", {}).get("reasoning"))
+                           prefill_tps=s.prefill_tps, decode_tps=s.decode_tps, mode=s.mode,
+                           depth=s.depth, tau=s.tau,
+                           drafted_by_depth=json.dumps(list(s.drafted_by_depth)),
+                           accepted_by_depth=json.dumps(list(s.accepted_by_depth)),
+                           reasoning_tokens=s.tokens_by_segment.get("reasoning"))
             else:
                 row.update(finish_reason="failed", shortfall=row.get("shortfall") or event.message)
             self.store.add(row)

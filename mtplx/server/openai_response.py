@@ -10,7 +10,7 @@ from mtplx.reply_stream import Piece, ReplyStream
 
 
 def usage(fin: Finished) -> dict:
-    reasoning = fin.stats.get("tokens_by_segment", {}).get("reasoning", 0)
+    reasoning = fin.stats.tokens_by_segment.get("reasoning", 0)
     return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
             "total_tokens": fin.prompt_tokens + fin.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},

@@ -161,7 +161,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
 
 
 def usage(fin: Finished) -> dict:
-    reasoning = fin.stats.get("tokens_by_segment", {}).get("reasoning", 0)
+    reasoning = fin.stats.tokens_by_segment.get("reasoning", 0)
     return {"input_tokens": fin.prompt_tokens, "input_tokens_details": {"cached_tokens": fin.cached_tokens},
             "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": fin.prompt_tokens + fin.completion_tokens}

@@ -32,9 +32,9 @@ class ChartsScreen(Screen):
         self.draw()
 
     def draw(self) -> None:
-        timed = [r for r in self.records if r.finished.stats.get("ttft_s") is not None]
-        by_turn = [(r.number, r.finished.stats["ttft_s"]) for r in timed]
-        by_prompt = [(r.finished.prompt_tokens - r.finished.cached_tokens, r.finished.stats["ttft_s"]) for r in timed]
+        timed = [r for r in self.records if r.finished.stats.ttft_s is not None]
+        by_turn = [(r.number, r.finished.stats.ttft_s) for r in timed]
+        by_prompt = [(r.finished.prompt_tokens - r.finished.cached_tokens, r.finished.stats.ttft_s) for r in timed]
         for wid, points, x_title, bars in (("#ttft-by-turn", by_turn, "turn", True),
                                           ("#ttft-by-prompt", by_prompt, "prompt tokens computed (prompt - cached)",
                                            False)):

@@ -154,7 +154,7 @@ class Dashboard(Screen):
         restored = self.query_one(TurnTable).restores.get(event.request_id)
         entry = self.known.get(restored.entry_id) if restored and restored.entry_id else None
         record = self.query_one(TurnTable).add_turn(event, finish, entry)
-        self.query_one(TurnChart).add(event.stats.get("ttft_s"), record.ratio)
+        self.query_one(TurnChart).add(event.stats.ttft_s, record.ratio)
         self.query_one(AcceptancePanel).add(event.stats, event.request_id)
         if ours:
             status.update(f"done: {event.completion_tokens} tokens, finish {finish}")

@@ -158,7 +158,7 @@ class ReplayScreen(Screen):
         self.query_one("#replay-turns", DataTable).add_row(
             str(i), session, f(restored.prompt_tokens), f(ceiling), f(restored.cached_tokens),
             ratio_text(restored.cached_tokens, ceiling),
-            f(finished.stats.get("ttft_s") if finished else None, ".3f"), restored.source, restored.anchor or "-",
+            f(finished.stats.ttft_s if finished else None, ".3f"), restored.source, restored.anchor or "-",
             # the bank explains a miss against its own ceiling; shown only when this ceiling was missed too
             (restored.shortfall or "") if ceiling is not None and restored.cached_tokens < ceiling else "")
         self.status(f"{self.transcript.name}: turn {self.cursor}/{len(self.transcript.turns)} done")

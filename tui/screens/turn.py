@@ -50,10 +50,10 @@ def from_record(record) -> dict:
             "prompt_tokens": f.prompt_tokens, "ceiling": r.ceiling if r else None, "cached_tokens": f.cached_tokens,
             "restore_source": r.source if r else None, "anchor": r.anchor if r else None,
             "entry_id": r.entry_id if r else None, "shortfall": r.shortfall if r else None,
-            "ttft_first_token_s": s.get("ttft_s"), "prefill_tps": s.get("prefill_tps"),
-            "decode_tps": s.get("decode_tps"), "mode": s.get("mode"), "depth": s.get("depth"), "tau": s.get("tau"),
-            "drafted_by_depth": json.dumps(s.get("drafted_by_depth", [])),
-            "accepted_by_depth": json.dumps(s.get("accepted_by_depth", [])),
+            "ttft_first_token_s": s.ttft_s, "prefill_tps": s.prefill_tps,
+            "decode_tps": s.decode_tps, "mode": s.mode, "depth": s.depth, "tau": s.tau,
+            "drafted_by_depth": json.dumps(list(s.drafted_by_depth)),
+            "accepted_by_depth": json.dumps(list(s.accepted_by_depth)),
             "finish_reason": record.finish, "completion_tokens": f.completion_tokens}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from mtplx.engine.segments import SEGMENTS
+from mtplx.events import RequestStats
 
 def _bar(rate: float | None, width: int) -> str:
     if rate is None:
@@ -34,18 +35,18 @@ class AcceptancePanel(Static):
             self.live[i][1] += int(event.accepted > i)
         self.update(self.render_text())
 
-    def add(self, stats: dict, request_id: str | None = None) -> None:
+    def add(self, stats: RequestStats, request_id: str | None = None) -> None:
         if request_id is not None and request_id == self.live_id:
             self.live_id = None  # its counts now live in the totals; the live lines keep them until the next
-        for i, (d, a) in enumerate(zip(stats.get("drafted_by_depth", []), stats.get("accepted_by_depth", []))):
+        for i, (d, a) in enumerate(zip(stats.drafted_by_depth, stats.accepted_by_depth)):
             if i >= len(self.drafted):
                 self.drafted.append(0)
                 self.accepted.append(0)
             self.drafted[i] += d
             self.accepted[i] += a
         for seg in SEGMENTS:
-            self.by_segment[seg][0] += stats.get("drafted_by_segment", {}).get(seg, 0)
-            self.by_segment[seg][1] += stats.get("accepted_by_segment", {}).get(seg, 0)
+            self.by_segment[seg][0] += stats.drafted_by_segment.get(seg, 0)
+            self.by_segment[seg][1] += stats.accepted_by_segment.get(seg, 0)
         self.update(self.render_text())
 
     def render_text(self) -> str:

@@ -45,10 +45,10 @@ class TurnRecord:
         return {"turn": str(self.number), "session": _short(self.session or "-", 10), "source": self.source,
                 "prompt": str(f.prompt_tokens), "ceiling": str(r.ceiling) if r and r.ceiling is not None else "-",
                 "cached": str(f.cached_tokens), "ratio": ratio_text(f.cached_tokens, r.ceiling if r else None),
-                "ttft": f"{s['ttft_s']:.3f}" if s.get("ttft_s") is not None else "-",
-                "tps": f"{s['decode_tps']:.1f}" if s.get("decode_tps") else "-",
-                "tau": f"{s['tau']:.2f}" if s.get("tau") else "-", "from": r.source if r else "-",
-                "mode": f"mtp d{s['depth']}" if s.get("mode") == "mtp" else "ar", "finish": self.finish,
+                "ttft": f"{s.ttft_s:.3f}" if s.ttft_s is not None else "-",
+                "tps": f"{s.decode_tps:.1f}" if s.decode_tps else "-",
+                "tau": f"{s.tau:.2f}" if s.tau else "-", "from": r.source if r else "-",
+                "mode": f"mtp d{s.depth}" if s.mode == "mtp" else "ar", "finish": self.finish,
                 "shortfall": (r.shortfall or "") if r else ""}
 
 
