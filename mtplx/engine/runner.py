@@ -8,8 +8,9 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from mtplx.engine import gdn_capture
+from mtplx.engine import compiled, gdn_capture
 from mtplx.engine.checkpoint import Checkpoint
+from mtplx.engine.compute import blas_threads
 from mtplx.errors import ModelLoadError
 
 # Names mlx-lm's text models give their token embedding.
@@ -35,6 +36,11 @@ class ModelRunner:
         self._head_transform = head_transform(outer)
         self.has_recurrent = any(hasattr(layer, "linear_attn") for layer in self.model.layers)
         self.can_capture = gdn_capture.install(self.model) if self.has_recurrent else True
+        # Short steps (decode, verify, draft) through compiled layers where the family is known;
+        # on the CPU backend only, where per-op dispatch is what such a step costs.
+        on_cpu = mx.default_device() == mx.cpu
+        self._steps = compiled.build(self.inner) if on_cpu else None
+        self._head_steps = compiled.build_head(self.mtp) if on_cpu else None
 
     # -- caches -----------------------------------------------------------------------------
     def new_trunk_cache(self) -> list:
@@ -44,19 +50,38 @@ class ModelRunner:
         return KVCache() if self.mtp is not None else None
 
     # -- forwards ---------------------------------------------------------------------------
-    def hidden(self, tokens: list[int], cache: list) -> mx.array:
-        """Post-norm hidden states (1, T, H) for `tokens`, appended to `cache`."""
-        return self.inner(mx.array([tokens]), cache=cache)
+    def hidden(self, tokens: list[int] | mx.array, cache: list) -> mx.array:
+        """Post-norm hidden states (1, T, H) for `tokens`, appended to `cache`. `tokens` may be a
+        lazy int array (T,), so drafts chain into a verify without a round trip to the host."""
+        ids = _batch(tokens)
+        if self._steps is not None and self._steps.usable(ids, cache):
+            return self._steps(ids, cache)
+        return self.inner(ids, cache=cache)
 
     def logits(self, hidden: mx.array) -> mx.array:
         return self._head_transform(self._project(hidden)).astype(mx.float32)
 
-    def embed(self, tokens: list[int]) -> mx.array:
-        return self.embedding(mx.array([tokens]))
+    def embed(self, tokens: list[int] | mx.array) -> mx.array:
+        return self.embedding(_batch(tokens))
 
-    def draft_hidden(self, hidden: mx.array, next_tokens: list[int], mtp_cache: KVCache) -> mx.array:
+    def draft_hidden(self, hidden: mx.array, next_tokens: list[int] | mx.array, mtp_cache: KVCache) -> mx.array:
         """MTP head over (hidden[t], token[t+1]) pairs; returns its hidden states (1, T, H)."""
-        return self.mtp(hidden, self.embed(next_tokens), mtp_cache)
+        embeds = self.embed(next_tokens)
+        if self._head_steps is not None and self._head_steps.usable(embeds, mtp_cache):
+            return self._head_steps(hidden, embeds, mtp_cache)
+        return self.mtp(hidden, embeds, mtp_cache)
+
+    def small_forwards(self):
+        """Context for decode steps and verifies (1 to k+1 tokens): MKL on one thread (see
+        compute.blas_threads). Evaluate inside it."""
+        return blas_threads(1)
+
+
+def _batch(tokens: list[int] | mx.array) -> mx.array:
+    """Token ids as a (1, T) int array: a list, or an array of shape (T,) or (1, T)."""
+    if isinstance(tokens, mx.array):
+        return tokens if tokens.ndim == 2 else tokens[None]
+    return mx.array([tokens])
 
 
 def head_transform(outer):

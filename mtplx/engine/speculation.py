@@ -32,9 +32,7 @@ def accept_drafts(logits: mx.array, drafts: list[int], dists: list, sampler: Sam
     params = sampler.params
     if params.greedy:
         targets = mx.argmax(logits, axis=-1).tolist()
-        kept = 0
-        while kept < len(drafts) and drafts[kept] == targets[kept]:
-            kept += 1
+        kept = greedy_kept(drafts, targets)
         return kept, targets[kept]
     p = probabilities(logits, params)
     for i, (d, q) in enumerate(zip(drafts, dists)):
@@ -43,6 +41,14 @@ def accept_drafts(logits: mx.array, drafts: list[int], dists: list, sampler: Sam
             total = residual.sum().item()
             return i, sampler.draw(residual / total if total > 0 else p[i])
     return len(drafts), sampler.draw(p[len(drafts)])
+
+
+def greedy_kept(drafts: list[int], targets: list[int]) -> int:
+    """How many leading drafts equal the trunk's argmax at their position."""
+    kept = 0
+    while kept < len(drafts) and drafts[kept] == targets[kept]:
+        kept += 1
+    return kept
 
 
 class Speculator:
@@ -62,6 +68,7 @@ class Speculator:
         self.last = first  # generated, not yet fed to the trunk
 
     def _draft(self, k: int) -> tuple[list[int], list]:
+        """k drafts, each read on the host (a tool rule or sampling needs the tokens as ints)."""
         runner = self.runner
         m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
         drafts, dists = [], []
@@ -80,24 +87,57 @@ class Speculator:
                 m = runner.draft_hidden(m, [drafts[-1]], self.state.mtp)
         return drafts, dists
 
+    def _lazy_drafts(self, k: int) -> mx.array:
+        """k greedy drafts as one lazy (k,) array: each argmax feeds the next head step on the
+        device, so the chain and the verify after it run as one graph with one host sync."""
+        runner = self.runner
+        m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
+        drafts = []
+        for i in range(k):
+            drafts.append(mx.argmax(runner.logits(m)[0, -1:], axis=-1))
+            if i < k - 1:
+                m = runner.draft_hidden(m, drafts[-1], self.state.mtp)
+        drafts = mx.concatenate(drafts)
+        mx.async_eval(drafts)  # the head computes while the verify graph is built
+        return drafts
+
     def round(self, k: int) -> tuple[list[int], list[int], int]:
         """One draft+verify round. Returns (new tokens, drafts, drafts accepted)."""
+        with self.runner.small_forwards():
+            return self._round(k)
+
+    def _round(self, k: int) -> tuple[list[int], list[int], int]:
         state, runner = self.state, self.runner
+        # Greedy drafts without a tool rule never need the host until the verify is done.
+        lazy = self.params.greedy and self.shape is None
         t0 = time.perf_counter()
-        drafts, dists = self._draft(k)
+        if lazy:
+            pending = self._lazy_drafts(k)
+            fed_ids = mx.concatenate([mx.array([self.last], dtype=pending.dtype), pending])
+        else:
+            drafts, dists = self._draft(k)
+            fed_ids = [self.last] + drafts
         t1 = time.perf_counter()
-        fed = [self.last] + drafts
         capture = runner.can_capture
         saved = None if capture else cache_state.recurrent_copy(state.trunk)
         cache_state.set_capture(state.trunk, capture)
-        hidden = runner.hidden(fed, state.trunk)
+        hidden = runner.hidden(fed_ids, state.trunk)
         logits = runner.logits(hidden)[0]
-        if self.shape is not None:
-            logits = mx.stack([self.shape(logits[i], drafts[:i]) for i in range(len(fed))])
-        mx.eval(logits)
-        t2 = time.perf_counter()
-        accepted, extra = accept_drafts(logits, drafts, dists, self.sampler)
+        if lazy:
+            targets = mx.argmax(logits, axis=-1)
+            mx.eval(targets, pending)
+            drafts, targets = pending.tolist(), targets.tolist()
+            t2 = time.perf_counter()
+            accepted = greedy_kept(drafts, targets)
+            extra = targets[accepted]
+        else:
+            if self.shape is not None:
+                logits = mx.stack([self.shape(logits[i], drafts[:i]) for i in range(k + 1)])
+            mx.eval(logits)
+            t2 = time.perf_counter()
+            accepted, extra = accept_drafts(logits, drafts, dists, self.sampler)
         t3 = time.perf_counter()
+        fed = [self.last] + drafts
         # Nothing after an end-of-sequence token is kept: the cache must end where the turn did.
         eos_at = next((i for i, d in enumerate(drafts[:accepted]) if d in self.eos_ids), None)
         if eos_at is not None:
@@ -115,6 +155,7 @@ class Speculator:
         self.pending_hidden = hidden[:, :kept, :]
         self.pending_tokens = drafts[:accepted] + [extra]
         self.last = extra
+        # In a lazy round draft_s is building the chain; its compute lands in verify_s.
         self.stats.draft_s += t1 - t0
         self.stats.verify_s += t2 - t1
         self.stats.sample_s += t3 - t2

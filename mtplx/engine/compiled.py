@@ -1,0 +1,188 @@
+"""Compiled forwards for short steps: a decode step, a verify, a draft (1 to STEP_TOKENS tokens).
+
+On the CPU backend a 4-layer model's decode step is ~650 MLX ops (RMSNorm, RoPE and attention
+have no CPU kernels and run as op graphs) and each costs microseconds of dispatch: that, not
+arithmetic, is most of a small step. mx.compile fuses each layer's elementwise runs into a few
+kernels. What cannot compile is what grows every step (the KV cache write and the attention over
+it), so an attention layer is two compiled halves around them; a GatedDeltaNet layer's state has a
+fixed shape, so it compiles whole, recording per-position states when the verify captures.
+
+Knows mlx-lm's qwen3 and qwen3_5 (Qwen3-Next layer) classes, which the MTP head reuses; for any
+other model `build` returns None and the runner keeps mlx-lm's forward. Prefill chunks never come
+here: their shapes change chunk to chunk, and compute, not dispatch, dominates them. Each half does
+the same operations in the same order as mlx-lm's module; the outputs (hidden states, logits, MTP
+head states, caches) were bit-identical to mlx-lm's forward on both CPU paths (fp32 + MKL and bf16
+reference), tested in tests/test_compiled_steps.py.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import gated_delta
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.qwen3 import Attention as Qwen3Attention
+from mlx_lm.models.qwen3_next import Qwen3NextAttention
+
+STEP_TOKENS = 16  # longer inputs (prefill chunks) run mlx-lm's forward
+
+
+class AttentionStep:
+    """One full-attention decoder layer: compiled (norm, projections, RoPE) -> cache write and
+    attention -> compiled (output projection, residual, MLP). `enter`/`leave` wrap the layer (the
+    MTP head's input fusion and final norm) inside the compiled halves."""
+
+    def __init__(self, layer, enter=None, leave=None):
+        attn = layer.self_attn
+        self.scale = attn.scale
+        gated = isinstance(attn, Qwen3NextAttention)
+        heads = attn.num_attention_heads if gated else attn.n_heads
+        kv_heads = attn.num_key_value_heads if gated else attn.n_kv_heads
+
+        def before(x, offset, *extra):
+            if enter is not None:
+                x = enter(x, *extra)
+            B, L, _ = x.shape
+            h = layer.input_layernorm(x)
+            if gated:
+                q, gate = mx.split(attn.q_proj(h).reshape(B, L, heads, -1), 2, axis=-1)
+                gate = gate.reshape(B, L, -1)
+            else:
+                q, gate = attn.q_proj(h).reshape(B, L, heads, -1), None
+            q = attn.q_norm(q).transpose(0, 2, 1, 3)
+            k = attn.k_norm(attn.k_proj(h).reshape(B, L, kv_heads, -1)).transpose(0, 2, 1, 3)
+            v = attn.v_proj(h).reshape(B, L, kv_heads, -1).transpose(0, 2, 1, 3)
+            out = (x, attn.rope(q, offset=offset), attn.rope(k, offset=offset), v)
+            return out + ((gate,) if gated else ())
+
+        def after(x, o, *gate):
+            B, _, L, _ = o.shape
+            o = o.transpose(0, 2, 1, 3).reshape(B, L, -1)
+            h = x + attn.o_proj(o * mx.sigmoid(gate[0]) if gated else o)
+            out = h + layer.mlp(layer.post_attention_layernorm(h))
+            return leave(out) if leave is not None else out
+
+        self.before, self.after = mx.compile(before), mx.compile(after)
+
+    def __call__(self, x, cache: KVCache, *extra):
+        mask = create_attention_mask(x, cache)
+        x, q, k, v, *gate = self.before(x, mx.array(cache.offset), *extra)
+        keys, values = cache.update_and_fetch(k, v)
+        o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return self.after(x, o, *gate)
+
+
+class RecurrentStep:
+    """One GatedDeltaNet decoder layer, compiled whole: the same steps as gdn_capture's capturing
+    forward (itself mlx-lm's CPU recurrence), with the per-position states when capturing."""
+
+    def __init__(self, layer):
+        net = layer.linear_attn
+        keep = net.conv_kernel_size - 1
+
+        def run(x, conv_state, state, capture):
+            B, S, _ = x.shape
+            inputs = layer.input_layernorm(x)
+            qkv = net.in_proj_qkv(inputs)
+            z = net.in_proj_z(inputs).reshape(B, S, net.num_v_heads, net.head_v_dim)
+            conv_input = mx.concatenate([conv_state, qkv], axis=1)
+            conv_out = nn.silu(net.conv1d(conv_input))
+            q, k, v = [t.reshape(B, S, h, d) for t, h, d in zip(
+                mx.split(conv_out, [net.key_dim, 2 * net.key_dim], -1),
+                [net.num_k_heads, net.num_k_heads, net.num_v_heads], [net.head_k_dim, net.head_k_dim, net.head_v_dim])]
+            q, k = gated_delta.normalize_qk(q, k, inv_scale=net.head_k_dim**-0.5, eps=1e-6)
+            beta = mx.sigmoid(net.in_proj_b(inputs))
+            g = gated_delta.compute_g(net.A_log, net.in_proj_a(inputs), net.dt_bias)
+            if (repeat := net.num_v_heads // net.num_k_heads) > 1:
+                q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
+            ys, positions = [], []
+            for t in range(S):
+                y, state = gated_delta._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
+                ys.append(y)
+                if capture:
+                    positions += [conv_input[:, t + 1 : t + 1 + keep, :], state]
+            r = net.out_proj(net.norm(mx.stack(ys, axis=1), z).reshape(B, S, -1))
+            h = x + r
+            out = h + layer.mlp(layer.post_attention_layernorm(h))
+            return (out, mx.contiguous(conv_input[:, -keep:, :]), state, *positions)
+
+        self.keep, self.net = keep, net
+        self.plain = mx.compile(lambda x, c, s: run(x, c, s, False))
+        self.capturing = mx.compile(lambda x, c, s: run(x, c, s, True))
+
+    def __call__(self, x, cache: ArraysCache):
+        B, S, _ = x.shape
+        net = self.net
+        conv = cache[0] if cache[0] is not None else mx.zeros((B, self.keep, net.conv_dim), dtype=x.dtype)
+        state = cache[1] if cache[1] is not None else mx.zeros(
+            (B, net.num_v_heads, net.head_v_dim, net.head_k_dim), dtype=mx.float32)
+        capture = getattr(cache, "capture", False)
+        out, cache[0], cache[1], *positions = (self.capturing if capture else self.plain)(x, conv, state)
+        cache.advance(S)
+        if capture:
+            cache.positions = list(zip(positions[::2], positions[1::2]))
+        return out
+
+
+def _step(layer):
+    if hasattr(layer, "linear_attn"):
+        # Only the GatedDeltaNet gdn_capture knows: its capture contract is the one kept here.
+        from mtplx.engine.gdn_capture import CapturingGatedDeltaNet
+
+        return RecurrentStep(layer) if isinstance(layer.linear_attn, CapturingGatedDeltaNet) else None
+    attn = getattr(layer, "self_attn", None)
+    if isinstance(attn, (Qwen3Attention, Qwen3NextAttention)) and type(attn.rope) is nn.RoPE:
+        return AttentionStep(layer)
+    return None
+
+
+class StepForward:
+    """The trunk's hidden states for a short input, through compiled layer steps."""
+
+    def __init__(self, inner, steps: list):
+        self.inner, self.steps = inner, steps
+
+    def usable(self, tokens: mx.array, cache: list) -> bool:
+        return (tokens.shape[0] == 1 and tokens.shape[1] <= STEP_TOKENS
+                and all(type(c) in (KVCache, ArraysCache) for c in cache)
+                and all(c.lengths is None for c in cache if type(c) is ArraysCache))
+
+    def __call__(self, tokens: mx.array, cache: list) -> mx.array:
+        x = self.inner.embed_tokens(tokens)
+        for step, c in zip(self.steps, cache):
+            x = step(x, c)
+        return self.inner.norm(x)
+
+
+class HeadStep:
+    """The MTP head's step (MTPHead's input fusion, its one attention layer, its final norm)."""
+
+    def __init__(self, head):
+        def enter(hidden, embeds):
+            return head.fc(mx.concatenate([head.pre_fc_norm_embedding(embeds), head.pre_fc_norm_hidden(hidden)], axis=-1))
+
+        # The compiled `before` takes the trunk hidden as x, the embeddings riding along.
+        self.step = AttentionStep(head.layers[0], enter=enter, leave=head.norm)
+
+    def usable(self, embeds: mx.array, cache) -> bool:
+        return type(cache) is KVCache and embeds.shape[0] == 1 and embeds.shape[1] <= STEP_TOKENS
+
+    def __call__(self, hidden: mx.array, embeds: mx.array, cache: KVCache) -> mx.array:
+        return self.step(hidden, cache, embeds)
+
+
+def build(inner) -> StepForward | None:
+    """Compiled steps for the trunk, or None when one of its layers is of a kind not known here."""
+    if not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
+        return None
+    steps = [_step(layer) for layer in getattr(inner, "layers", [])]
+    if not steps or any(s is None for s in steps):
+        return None
+    return StepForward(inner, steps)
+
+
+def build_head(head) -> HeadStep | None:
+    if head is None or head.array_mask or _step(head.layers[0]) is None or hasattr(head.layers[0], "linear_attn"):
+        return None
+    return HeadStep(head)

@@ -1,0 +1,79 @@
+"""Compiled short steps (engine/compiled.py) give mlx-lm's forward bit for bit: hidden states,
+logits, KV and recurrent caches, the states a capturing verify records, and the MTP head."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache
+
+from mtplx.engine import cache_state, compiled
+
+
+def _pair(runner, prompt):
+    caches = []
+    for _ in range(2):
+        cache = runner.new_trunk_cache()
+        hidden = runner.hidden(prompt, cache)  # longer than STEP_TOKENS: mlx-lm's own forward
+        head = KVCache()
+        runner.draft_hidden(hidden[:, :-1], prompt[1:], head)
+        caches.append((cache, head))
+    return caches
+
+
+def _state_arrays(cache: list) -> list:
+    return [a for layer in cache for a in layer.state if isinstance(a, mx.array)]
+
+
+def _same(a: mx.array, b: mx.array) -> bool:
+    return a.shape == b.shape and bool(mx.array_equal(a, b).item())
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_compiled_steps_equal_mlx_lm_forward(engine, capture):
+    def work():
+        runner = engine.runner
+        assert runner._steps is not None and runner._head_steps is not None  # both models are known families
+        prompt = list(range(10, 130))
+        (plain, plain_head), (fast, fast_head) = _pair(runner, prompt)
+        steps, head_steps = runner._steps, runner._head_steps
+        for n in (1, 4, 2, compiled.STEP_TOKENS):
+            tokens = list(range(200 + n, 200 + 2 * n))
+            cache_state.set_capture(plain, capture)
+            cache_state.set_capture(fast, capture)
+            runner._steps, runner._head_steps = None, None
+            try:
+                a = runner.hidden(tokens, plain)
+                da = runner.draft_hidden(a, tokens, plain_head)
+            finally:
+                runner._steps, runner._head_steps = steps, head_steps
+            b = runner.hidden(mx.array(tokens), fast)  # a lazy token array, as the draft chain feeds it
+            db = runner.draft_hidden(b, tokens, fast_head)
+            assert _same(a, b) and _same(runner.logits(a), runner.logits(b)) and _same(da, db)
+            assert all(_same(x, y) for x, y in zip(_state_arrays(plain), _state_arrays(fast)))
+            assert all(_same(x, y) for x, y in zip(_state_arrays([plain_head]), _state_arrays([fast_head])))
+            if capture and runner.has_recurrent:
+                for la, lb in zip(plain, fast):
+                    if getattr(la, "positions", None) is not None:
+                        assert len(la.positions) == len(lb.positions) == n
+                        assert all(_same(x, y) for pa, pb in zip(la.positions, lb.positions) for x, y in zip(pa, pb))
+            cache_state.set_capture(plain, False)
+            cache_state.set_capture(fast, False)
+
+    engine.call(work)
+
+
+def test_unknown_layers_keep_mlx_lm_forward():
+    class Inner:
+        embed_tokens = norm = None
+        layers = [object()]
+
+    assert compiled.build(Inner()) is None
+
+
+def test_long_inputs_and_batches_are_not_steps(dense_engine):
+    steps = dense_engine.runner._steps
+    cache = dense_engine.runner.new_trunk_cache()
+    assert steps.usable(mx.zeros((1, compiled.STEP_TOKENS), dtype=mx.int32), cache)
+    assert not steps.usable(mx.zeros((1, compiled.STEP_TOKENS + 1), dtype=mx.int32), cache)
+    assert not steps.usable(mx.zeros((2, 1), dtype=mx.int32), cache)
