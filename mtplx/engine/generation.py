@@ -189,9 +189,7 @@ class Generation:
 
     def _ar_step(self, last: int) -> int:
         t = time.perf_counter()
-        hidden = self.runner.hidden([last], self.state.trunk)
-        logits = self.runner.logits(hidden)[0, -1]
-        mx.eval(logits)
+        logits = self.runner.step_logits([last], self.state.trunk)
         self.stats.verify_s += time.perf_counter() - t
         self.state.tokens.append(last)
         self.state.length += 1

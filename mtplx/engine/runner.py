@@ -71,6 +71,13 @@ class ModelRunner:
             return self._head_steps(hidden, embeds, mtp_cache)
         return self.mtp(hidden, embeds, mtp_cache)
 
+    def step_logits(self, tokens: list[int], cache: list) -> mx.array:
+        """The last position's logits after feeding `tokens` (an autoregressive step), evaluated."""
+        with self.small_forwards():
+            logits = self.logits(self.hidden(tokens, cache))[0, -1]
+            mx.eval(logits)
+        return logits
+
     def small_forwards(self):
         """Context for decode steps and verifies (1 to k+1 tokens): MKL on one thread (see
         compute.blas_threads). Evaluate inside it."""
