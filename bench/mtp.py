@@ -1,16 +1,23 @@
-"""MTP speculation vs autoregressive decoding, side by side in one process.
+"""MTP speculation vs autoregressive decoding vs mlx-lm, and the cost model that explains them.
 
-    python bench/mtp.py [--models tiny-dense tiny-hybrid] [--prompts 6] [--tokens 128]
+    python bench/mtp.py [--models tiny-dense tiny-hybrid] [--prompts 6] [--tokens 128] [--runs 3]
 
-Per depth: acceptance by depth, tau (tokens per verify), decode tok/s of MTP and of AR on the same
-engine, their ratio, the measured cost of one trunk forward over k+1 tokens vs over 1 token
-(c(k+1)/c(1), at the prompts' context), and the cost-model ceiling tau * c(1) / c(k+1) (drafting
-not counted). Also mtplx AR vs mlx-lm's own `stream_generate` on the same model and prompts.
+Each run, on one engine and in one process (interleaved, so machine noise hits every arm alike):
+mtplx AR decode, MTP decode at depths 1-4 (greedy, fixed length), mlx-lm's `stream_generate` on the
+same weights with the same fast path (as it runs: MKL on its default threads; and with MKL held to
+one thread, as mtplx runs its decode steps), and the measured step costs of engine/step_costs.py:
+c(t), a trunk forward over t tokens at the prompts' context, and one MTP head draft step.
+
+Printed, medians over the runs: acceptance by depth, tau, c(k+1)/c(1), the cost of a whole round
+and a draft step's share of it, the cost-model prediction tau * (c(1) + h) / (round(k) + h) (h: an
+AR step's time outside forward and pick) next to the measured MTP/AR decode ratio, and AR vs mlx-lm.
+Speed is printed, never asserted. Give the load average with any figure quoted (2 shared cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -20,11 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtplx.catalog import resolve  # noqa: E402
 from mtplx.chat import render  # noqa: E402
+from mtplx.engine import step_costs  # noqa: E402
+from mtplx.engine.compute import blas_threads  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
 from mtplx.engine.request import GenerationRequest  # noqa: E402
 from mtplx.engine.sampling import SamplingParams  # noqa: E402
 from mtplx.synth.agent import Sizes, conversation  # noqa: E402
 from mtplx.synth.corpus import Corpus  # noqa: E402
+
+DEPTHS = range(1, step_costs.MAX_DEPTH + 1)
 
 
 def prompts(tokenizer, n: int) -> list[tuple[int, ...]]:
@@ -36,38 +47,26 @@ def prompts(tokenizer, n: int) -> list[tuple[int, ...]]:
     return out
 
 
-def forward_cost(engine: Engine, prompt, t: int, reps: int = 20) -> float:
-    """Median seconds of one trunk forward over t tokens after the prompt is cached."""
-    import mlx.core as mx
-
-    runner = engine.runner
-    cache = runner.new_trunk_cache()
-    mx.eval(runner.hidden(list(prompt), cache))
-    from mtplx.state import snapshot
-
-    base = snapshot.snapshot(cache)
-    times = []
-    for _ in range(reps):
-        c = snapshot.restore(base)
-        start = time.perf_counter()
-        mx.eval(runner.logits(runner.hidden(list(prompt[-t:]), c)))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def run(engine, ps, tokens, mtp, depth=1):
-    tps, drafted, accepted, verifies = [], None, None, 0
+def decode(engine, ps, tokens, mtp, depth=1) -> dict:
+    """Decode tok/s over the prompts (total tokens / total decode time), and acceptance by depth."""
+    n, seconds, drafted, accepted, verifies, hosts = 0, 0.0, [0] * depth, [0] * depth, 0, []
     for p in ps:
-        fin = engine.submit(GenerationRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True), use_mtp=mtp,
-                                              depth=depth, source="bench")).result()
-        s = fin.stats
-        tps.append(s.decode_tps)
+        s = engine.submit(GenerationRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True), use_mtp=mtp,
+                                            depth=depth, source="bench")).result().stats
+        n, seconds = n + s.completion_tokens, seconds + s.decode_s
+        if not mtp:
+            hosts.append(step_costs.host_per_step(s))
         if mtp:
-            drafted = [a + b for a, b in zip(drafted or [0] * depth, s.drafted_by_depth)]
-            accepted = [a + b for a, b in zip(accepted or [0] * depth, s.accepted_by_depth)]
+            drafted = [a + b for a, b in zip(drafted, s.drafted_by_depth)]
+            accepted = [a + b for a, b in zip(accepted, s.accepted_by_depth)]
             verifies += s.verify_calls
-    tau = (sum(accepted) + verifies) / verifies if mtp and verifies else None
-    return statistics.mean(tps), drafted, accepted, tau
+    out = {"tps": n / seconds}
+    if not mtp:
+        out["host"] = statistics.median(hosts)
+    if mtp:
+        out |= {"acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+                "tau": (sum(accepted) + verifies) / verifies}
+    return out
 
 
 def mlx_lm_tps(engine, ps, tokens) -> float:
@@ -75,13 +74,55 @@ def mlx_lm_tps(engine, ps, tokens) -> float:
     from mlx_lm.sample_utils import make_sampler
 
     model, tok = engine.checkpoint.model, engine.checkpoint.tokenizer
-    out = []
+    n, seconds = 0, 0.0
     for p in ps:
         last = None
         for last in stream_generate(model, tok, list(p), max_tokens=tokens, sampler=make_sampler(0.0)):
             pass
-        out.append(last.generation_tps)
-    return statistics.mean(out)
+        n, seconds = n + last.generation_tokens, seconds + last.generation_tokens / last.generation_tps
+    return n / seconds
+
+
+def one_run(engine, ps, tokens) -> dict:
+    ar = decode(engine, ps, tokens, False)
+    row = {"ar": ar["tps"], "host": ar["host"]}
+    for depth in DEPTHS:
+        row[depth] = decode(engine, ps, tokens, True, depth)
+    row["mlx-lm"] = engine.call(lambda: mlx_lm_tps(engine, ps, tokens))
+
+    def one_thread():
+        with blas_threads(1):
+            return mlx_lm_tps(engine, ps, tokens)
+
+    row["mlx-lm 1 thread"] = engine.call(one_thread)
+    row["costs"] = engine.call(lambda: step_costs.measure(engine.runner, list(ps[0])))
+    return row
+
+
+def report(model: str, rows: list[dict], args) -> None:
+    med = statistics.median
+    c1 = med(r["costs"].forward[1] for r in rows)
+    draft = med(r["costs"].draft for r in rows)
+    ar = med(r["ar"] for r in rows)
+    costs = step_costs.median_of([r["costs"] for r in rows]).with_host(med(r["host"] for r in rows))
+    deepest = [med(r[max(DEPTHS)]["acceptance"][i] for r in rows) for i in range(max(DEPTHS))]
+    print(f"\n{model}: {args.prompts} prompts x {args.tokens} tokens (greedy), medians of {len(rows)} runs; "
+          f"c(1) {c1 * 1000:.2f} ms, draft step {draft * 1000:.2f} ms ({draft / c1:.2f} c(1)), "
+          f"host per AR step h {costs.host * 1000:.2f} ms")
+    print(f"{'depth':>5} {'acceptance by depth':<24} {'tau':>5} {'c(k+1)/c(1)':>11} {'round/c(1)':>10} "
+          f"{'chained draft/c(1)':>18} {'predicted':>9} {'measured':>8} {'MTP tok/s':>9}")
+    for k in DEPTHS:
+        acc = " ".join(f"{med(r[k]['acceptance'][i] for r in rows):.2f}" for i in range(k))
+        ck = med(r["costs"].forward[k + 1] for r in rows)
+        predicted = costs.speedup(k, deepest)
+        measured = med(r[k]["tps"] / r["ar"] for r in rows)
+        print(f"{k:>5} {acc:<24} {med(r[k]['tau'] for r in rows):5.2f} {ck / c1:11.2f} {costs.rounds[k] / c1:10.2f} {costs.chained_draft(k) / c1:18.2f} "
+              f"{predicted:9.2f} {measured:8.2f} {med(r[k]['tps'] for r in rows):9.1f}")
+    print("  round = one whole Speculator round, timed; chained draft = (round - c(k+1)) / k; "
+          "predicted = tau(k) * (c(1) + h) / (round(k) + h),\n  tau(k) from the depth-4 acceptance; measured = MTP/AR tok/s")
+    ref, ref1 = med(r["mlx-lm"] for r in rows), med(r["mlx-lm 1 thread"] for r in rows)
+    print(f"  AR {ar:.1f} tok/s; mlx-lm stream_generate {ref:.1f} tok/s (MKL default threads), {ref1:.1f} (one MKL thread); "
+          f"AR/mlx-lm {med(r['ar'] / r['mlx-lm'] for r in rows):.2f} and {med(r['ar'] / r['mlx-lm 1 thread'] for r in rows):.2f}")
 
 
 def main() -> None:
@@ -89,25 +130,23 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny-dense", "tiny-hybrid"])
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     for model in args.models:
         engine = Engine(resolve(model), EngineConfig(), name=model).start()
         try:
             ps = prompts(engine.checkpoint.tokenizer, args.prompts)
-            run(engine, ps[:1], 16, False)  # warm-up
-            ar, *_ = run(engine, ps, args.tokens, False)
-            c1 = engine.call(lambda: forward_cost(engine, ps[0], 1))
-            print(f"\n{model}: {args.prompts} prompts x {args.tokens} tokens (greedy), AR {ar:.1f} tok/s, "
-                  f"one forward over 1 token {c1 * 1000:.1f} ms")
-            print(f"{'depth':>5} {'acceptance by depth':<28} {'tau':>5} {'MTP tok/s':>9} {'MTP/AR':>7} "
-                  f"{'c(k+1)/c(1)':>11} {'ceiling':>8}")
-            for depth in range(1, 5):
-                tps, drafted, accepted, tau = run(engine, ps, args.tokens, True, depth)
-                ck = engine.call(lambda: forward_cost(engine, ps[0], depth + 1))
-                acc = " ".join(f"{a / d:.2f}" for a, d in zip(accepted, drafted))
-                print(f"{depth:>5} {acc:<28} {tau:5.2f} {tps:9.1f} {tps / ar:7.2f} {ck / c1:11.2f} {tau * c1 / ck:8.2f}")
-            ref = engine.call(lambda: mlx_lm_tps(engine, ps, args.tokens))
-            print(f"mtplx AR {ar:.1f} tok/s vs mlx-lm stream_generate {ref:.1f} tok/s: ratio {ar / ref:.2f}")
+            decode(engine, ps[:1], 16, False)  # warm-up: compiles every step shape
+            for depth in DEPTHS:
+                decode(engine, ps[:1], 32, True, depth)
+            rows = []
+            for run in range(args.runs):
+                rows.append(one_run(engine, ps, args.tokens))
+                print(f"{model}: run {run + 1}/{args.runs} done (load average {os.getloadavg()[0]:.2f})",
+                      file=sys.stderr, flush=True)
+            print(f"\nload average (1, 5, 15 min) at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+                  f"{time.strftime('%H:%M:%S', time.gmtime())} UTC")
+            report(model, rows, args)
         finally:
             engine.stop()
 

@@ -1,20 +1,28 @@
-"""`mtplx tune`: measure AR and every MTP depth on this machine, keep the fastest.
+"""`mtplx tune`: choose AR or an MTP depth from this machine's measured step costs.
 
-All arms decode the same greedy prompt in one process, interleaved over two rounds, so machine
-noise hits them alike; the result is stored per model identity (see settings.py).
+The choice comes from the cost model (engine/step_costs.py): c(1) and c(k+1) (trunk forwards over
+1 and k+1 tokens), the cost of one draft step, the engine's host time per step (from the AR
+requests' statistics) and acceptance by depth from a depth-4 run give a predicted MTP/AR for every depth; the
+best depth is kept if it beats AR. Step costs are medians of
+many interleaved forwards, which a noisy shared machine disturbs far less than whole decodes.
+The decode speed of every arm is measured too and printed next to the prediction, as a check.
+The result is stored per model identity (see settings.py).
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Callable
 
 from mtplx.catalog import resolve
+from mtplx.engine import step_costs
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
 from mtplx.settings import store_tuned
 
 PROMPT = [{"role": "user", "content": "Read src/parser/events.py and explain what it does."}]
+ROUNDS = 3
 
 
 def tune_model(model: str, tokens: int = 128, save: bool = True, echo: Callable[[str], None] = print) -> dict:
@@ -25,21 +33,51 @@ def tune_model(model: str, tokens: int = 128, save: bool = True, echo: Callable[
             echo(f"{model} has no MTP weights: autoregressive decoding is its only mode")
             return {"ar": None}
         ids = tuple(engine.checkpoint.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True))
-        arms = {"ar": (False, 1)} | {f"depth {d}": (True, d) for d in range(1, 5)}
-        best: dict[str, float] = {name: 0.0 for name in arms}
-        engine.submit(GenerationRequest(ids, SamplingParams(max_tokens=8))).result()  # warm-up
-        for _ in range(2):
+        deepest = step_costs.MAX_DEPTH
+        arms = {"ar": (False, 1)} | {f"depth {d}": (True, d) for d in range(1, deepest + 1)}
+
+        def run(mtp: bool, depth: int, n: int = tokens):
+            request = GenerationRequest(ids, SamplingParams(max_tokens=n, ignore_eos=True), use_mtp=mtp, depth=depth,
+                                        source="tune")
+            return engine.submit(request).result().stats
+
+        for mtp, depth in arms.values():  # warm-up: compiles every step shape
+            run(mtp, depth, 16)
+        speeds: dict[str, list[float]] = {name: [] for name in arms}
+        costs, acceptance, hosts = [], [], []
+        for _ in range(ROUNDS):
             for name, (mtp, depth) in arms.items():
-                request = GenerationRequest(ids, SamplingParams(max_tokens=tokens), use_mtp=mtp, depth=depth, source="tune")
-                stats = engine.submit(request).result().stats
-                best[name] = max(best[name], stats.decode_tps or 0.0)
-        for name, tps in best.items():
-            echo(f"{name:<8} {tps:7.1f} tok/s  ({tps / best['ar']:.2f}x AR)")
-        winner = max(best, key=best.get)
-        mtp, depth = arms[winner]
-        echo(f"fastest: {winner}" + (" (stored as this model's default)" if save else ""))
-        if save:
-            store_tuned(engine.checkpoint.identity, mtp, depth, best)
-        return best
+                stats = run(mtp, depth)
+                speeds[name].append(stats.decode_tps or 0.0)
+                if depth == deepest and mtp:
+                    acceptance.append(stats.acceptance_by_depth)
+                if not mtp:
+                    hosts.append(step_costs.host_per_step(stats))
+            costs.append(engine.call(lambda: step_costs.measure(engine.runner, list(ids))))
+        model_costs = step_costs.median_of(costs).with_host(statistics.median(hosts))
+        accepted = [statistics.median(a[i] or 0.0 for a in acceptance) for i in range(deepest)]
+        measured = {name: statistics.median(v) for name, v in speeds.items()}
+        return _choose(model_costs, accepted, measured, engine.checkpoint.identity, save, echo)
     finally:
         engine.stop()
+
+
+def _choose(costs: step_costs.StepCosts, acceptance: list[float], measured: dict, identity: str, save: bool,
+            echo: Callable[[str], None]) -> dict:
+    c1 = costs.forward[1]
+    echo(f"c(1) {c1 * 1000:.2f} ms, draft step {costs.draft * 1000:.2f} ms, host per step {costs.host * 1000:.2f} ms; "
+         "acceptance by depth "
+         + " ".join(f"{a:.2f}" for a in acceptance))
+    echo(f"{'arm':<8} {'c(k+1)/c(1)':>11} {'round/c(1)':>10} {'predicted':>9} {'measured':>15}")
+    echo(f"{'ar':<8} {1.0:11.2f} {1.0:10.2f} {1.0:9.2f} {measured['ar']:7.1f} tok/s (1.00x)")
+    for k in range(1, len(acceptance) + 1):
+        tps = measured[f"depth {k}"]
+        echo(f"{'depth ' + str(k):<8} {costs.forward[k + 1] / c1:11.2f} {(costs.round_s(k) - costs.host) / c1:10.2f} "
+             f"{costs.speedup(k, acceptance):9.2f} {tps:7.1f} tok/s ({tps / measured['ar']:.2f}x)")
+    depth = costs.best_depth(acceptance)
+    echo(f"chosen by the cost model: {'ar' if depth is None else f'depth {depth}'}"
+         + (" (stored as this model's default)" if save else ""))
+    if save:
+        store_tuned(identity, depth is not None, depth or 1, measured
+                    | {"predicted": {k: costs.speedup(k, acceptance) for k in range(1, len(acceptance) + 1)}})
+    return measured

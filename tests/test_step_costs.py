@@ -1,0 +1,62 @@
+"""The MTP cost model (engine/step_costs.py): pure arithmetic over measured costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtplx.engine.step_costs import StepCosts, host_per_step, measure, median_of
+from mtplx.events import RequestStats
+
+FLAT = {t: 1.0 for t in range(1, 6)}  # a verify costs one step: dispatch-bound
+LINEAR = {t: float(t) for t in range(1, 6)}  # a verify costs k+1 steps: compute-bound
+
+
+def test_tau_and_speedup_follow_acceptance_and_costs():
+    costs = StepCosts(FLAT, draft=0.25)
+    acceptance = [0.9, 0.8, 0.7, 0.6]
+    assert costs.tau(2, acceptance) == pytest.approx(2.7)
+    assert costs.speedup(2, acceptance) == pytest.approx(2.7 / 1.5)
+    assert costs.best_depth(acceptance) == 4  # 3.0 / 2.0 = 1.5 beats depth 3's 3.4 / 1.75
+    assert costs.best_depth([0.9, 0.1, 0.0, 0.0]) == 1
+
+
+def test_no_depth_when_verifying_costs_as_much_as_decoding():
+    assert StepCosts(LINEAR, draft=0.3).best_depth([0.9, 0.9, 0.9, 0.9]) is None
+
+
+def test_host_time_per_step_favours_speculation():
+    costs = StepCosts(LINEAR, draft=0.1)
+    assert costs.best_depth([0.95, 0.9, 0.85, 0.8]) is None
+    slow_host = costs.with_host(2.0)
+    assert slow_host.speedup(1, [0.95]) == pytest.approx(1.95 * 3.0 / (0.1 + 2.0 + 2.0))
+    assert slow_host.best_depth([0.95, 0.9, 0.85, 0.8]) is not None
+    assert costs.with_host(-0.5).host == 0.0
+
+
+def test_host_per_step_from_ar_stats():
+    ar = RequestStats(mode="ar", completion_tokens=10, decode_s=1.0, verify_s=0.7, sample_s=0.1)
+    assert host_per_step(ar) == pytest.approx(0.02)
+    with pytest.raises(ValueError):
+        host_per_step(RequestStats(mode="mtp", depth=2, completion_tokens=10, decode_s=1.0))
+
+
+def test_invalid_costs_are_refused():
+    with pytest.raises(ValueError):
+        StepCosts({1: 1.0, 2: 1.0}, draft=0.2)
+    with pytest.raises(ValueError):
+        StepCosts(FLAT, draft=0.0)
+    with pytest.raises(ValueError):
+        StepCosts(FLAT, draft=0.2).tau(3, [0.9])
+
+
+def test_measure_gives_every_cost_on_both_models(engine):
+    costs = engine.call(lambda: measure(engine.runner, list(range(10, 60)), reps=2))
+    assert set(costs.forward) == {1, 2, 3, 4, 5} and costs.draft > 0 and costs.host == 0.0
+    assert set(costs.rounds) == {1, 2, 3, 4} and all(v > 0 for v in costs.rounds.values())
+
+
+def test_a_timed_round_replaces_the_sum_of_its_parts():
+    costs = StepCosts(FLAT, draft=0.25, rounds={1: 1.1, 2: 1.2})
+    assert costs.round_s(1) == pytest.approx(1.1) and costs.round_s(3) == pytest.approx(1.75)
+    assert costs.chained_draft(2) == pytest.approx(0.1) and costs.chained_draft(3) is None
+    assert median_of([costs, StepCosts(LINEAR, draft=0.5, rounds={1: 2.0, 2: 3.0})]).rounds[2] == pytest.approx(2.1)
