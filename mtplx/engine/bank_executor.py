@@ -69,16 +69,29 @@ class BankedTurn:
         self.captures[position] = snapshot.recurrent_arrays(state.trunk)
 
 
+@dataclass
+class RenderJob:
+    """One rendering to prepare ahead (idle work), advanced one prefill chunk per idle step."""
+
+    tokens: list[int]
+    use_mtp: bool
+    session: str | None
+    gen: object = None  # its Generation, once the first step ran
+    preempted: bool = False  # a request arrived: stop at the next chunk boundary, keep what is done
+
+
 class BankExecutor:
     def __init__(self, runner, bank: SessionBank, chunk_size: int):
         self.runner, self.bank, self.chunk_size = runner, bank, chunk_size
-        self.jobs: deque[Iterator] = deque()  # render-ahead prefills, advanced one chunk per idle step
+        # Render-ahead prefills, advanced one chunk per idle step: (job, its step iterator).
+        self.jobs: deque[tuple[RenderJob, Iterator]] = deque()
 
     # -- a request --------------------------------------------------------------------------
     def begin(self, request, use_mtp: bool) -> BankedTurn:
         """Plan the request's restore and carry it out; a damaged entry is dropped and the
         request computed cold."""
         prompt = request.prompt
+        self._preempt_render_ahead()
         plan = self.bank.plan(prompt, use_mtp=use_mtp, session=request.session, chat=request.chat,
                               request_id=request.request_id)
         entry_id, position = plan.restore.entry_id, plan.restore.position
@@ -124,9 +137,9 @@ class BankExecutor:
             reply = parse_reply(finished.text)
         record = TurnRecord(entry, gen.request.chat, reply, sent_back=ended_by_eos or gen.finish_reason == "length")
         for tokens in self.bank.commit(record):
-            self.jobs.append(self._render_ahead(tokens, gen.use_mtp, turn.plan.session))
+            self._queue(RenderJob(tokens, gen.use_mtp, turn.plan.session))
 
-    def _keep_partial(self, turn: BankedTurn, gen) -> None:
+    def _keep_partial(self, turn: BankedTurn, gen, origin: str = "turn") -> None:
         """A prefill cancelled between chunks: keep the prompt prefix it computed, so a client that
         gave up and resends (Claude Code after 300 s) restores it instead of starting over, while
         the engine was freed at once. Stored like a turn's end: the MTP head's pairs stop one short
@@ -136,8 +149,10 @@ class BankExecutor:
         entry = entry_from_state(gen.state, turn.plan, turn.captures, anchors, gen.last_hidden)
         if entry.mtp is not None:  # the last chunk's pairs reached the prompt token at `cut`
             entry.mtp = snapshot.truncate_kv([entry.mtp], cut - 1)[0]
+        entry.origin = origin
         self.bank.put(entry)
-        self.bank.notify("kept_partial", f"{entry.entry_id}: a cancelled prefill's first {cut} tokens")
+        what = "a preempted render-ahead" if origin == "render_ahead" else "a cancelled prefill"
+        self.bank.notify("kept_partial", f"{entry.entry_id}: {what}'s first {cut} tokens")
 
     @staticmethod
     def _feed_to_end(gen, target: list[int]) -> None:
@@ -150,11 +165,32 @@ class BankExecutor:
             gen.feed_tail(rest)
 
     # -- idle work --------------------------------------------------------------------------
-    def _render_ahead(self, tokens: list[int], use_mtp: bool, session: str | None) -> Iterator:
+    def _queue(self, job: RenderJob, at: int | None = None) -> None:
+        steps = self._render_ahead(job)
+        if at is None:
+            self.jobs.append((job, steps))
+        else:
+            self.jobs[at] = (job, steps)
+
+    def _preempt_render_ahead(self) -> None:
+        """A request arrived. A render-ahead part way through is progressive: it stops at its chunk
+        boundary (it is suspended at one), its computed prefix is stored as an entry the request's
+        plan may restore from, and it is queued again to continue from that entry later. So a
+        request that comes before the render-ahead ends still skips what was done."""
+        for i, (job, steps) in enumerate(list(self.jobs)):
+            if job.gen is None:
+                continue  # not started: nothing to keep
+            job.preempted = True
+            for _ in steps:  # returns at once: the prefill checks `preempted` before its next chunk
+                pass
+            self._queue(RenderJob(job.tokens, job.use_mtp, job.session), at=i)
+
+    def _render_ahead(self, job: RenderJob) -> Iterator:
         """Compute state for the next request's rendering, one prefill chunk per step."""
         from mtplx.engine.generation import Generation
         from mtplx.engine.request import GenerationRequest
 
+        tokens, use_mtp, session = job.tokens, job.use_mtp, job.session
         if self.bank.holds(tokens):
             return  # already held, state at its end included
         plan = self.bank.plan(tokens, use_mtp=use_mtp, session=session)
@@ -169,8 +205,13 @@ class BankExecutor:
         gen = Generation(self.runner, GenerationRequest(tuple(tokens), source="render_ahead", session=session),
                          use_mtp=use_mtp, depth=1, chunk_size=self.chunk_size, eos_ids=set(), submitted_at=time.monotonic())
         turn = BankedTurn(plan, StartPoint(state))
-        for _ in gen.prefill(turn.start, turn.checkpoints, turn.capture):
+        job.gen = gen
+        for _ in gen.prefill(turn.start, turn.checkpoints, turn.capture, lambda: job.preempted):
             yield
+        if gen.finish_reason == "cancelled":  # preempted by a request: keep the computed prefix
+            if gen.prefill_cut is not None:
+                self._keep_partial(turn, gen, origin="render_ahead")
+            return
         # The whole variant is in the trunk; its last hidden completes the MTP history on restore.
         entry = entry_from_state(gen.state, plan, turn.captures, [*plan.anchors, Anchor(len(tokens), MESSAGE)],
                                  gen.last_hidden)
@@ -189,7 +230,7 @@ class BankExecutor:
             return True
         while self.jobs:
             try:
-                next(self.jobs[0])
+                next(self.jobs[0][1])
                 return True
             except StopIteration:
                 self.jobs.popleft()
