@@ -8,12 +8,15 @@ later turn against the bank's reuse ceiling, errors. Not part of CI (slow; needs
 
 The CLIs are installed from npm into --cache. Every client runs in a scratch git repository and
 a scratch HOME, pointed at 127.0.0.1 only. --record keeps each request (MTPLX_RECORD_DIR) per
-client, the material of tests/fixtures/clients/.
+client, the material of tests/fixtures/clients/. Each row names its scratch directory, where
+mtplx/serve.log holds the server's stderr and mtplx/events.jsonl the engine's restores, finishes
+and bank decisions (what explains a later turn's shortfall, also listed in the row).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -22,6 +25,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -98,11 +102,13 @@ def client_setup(name: str, home: Path, url: str) -> tuple[dict, list[list[str]]
 
 
 def serve(port: int, home: Path, window: int, record: Path | None) -> subprocess.Popen:
+    """The server's stderr goes to MTPLX_HOME/serve.log (warnings such as a failed render-ahead)."""
     env = dict(os.environ, MTPLX_HOME=str(home))
+    home.mkdir(parents=True, exist_ok=True)
     if record:
         env["MTPLX_RECORD_DIR"] = str(record)
     proc = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", "--port", str(port), "--context-window", str(window),
-                             "--no-ssd", "-m", MODEL], env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                             "--no-ssd", "-m", MODEL], env=env, stderr=(home / "serve.log").open("ab"), stdout=subprocess.DEVNULL)
     for _ in range(600):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
@@ -111,6 +117,32 @@ def serve(port: int, home: Path, window: int, record: Path | None) -> subprocess
             time.sleep(0.5)
     proc.kill()
     raise SystemExit("mtplx serve did not start")
+
+
+def watch(port: int, out: Path):
+    """The engine's events (bank decisions, restores, finishes) as JSON lines in `out`: what to
+    read when a later turn misses its ceiling. Returns the call that stops watching (an open
+    event stream would hold the server's graceful shutdown)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.request("GET", "/v1/mtplx/events")
+    sock, stream = conn.sock, conn.getresponse()  # the response may take the socket over
+
+    def follow():
+        try:
+            with out.open("a") as log:
+                name = None
+                for line in stream:
+                    line = line.decode().rstrip("\n")
+                    if line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: ") and name in ("Restored", "Finished", "BankDecision"):
+                        log.write(json.dumps({"event": name, **json.loads(line[6:])}) + "\n")
+                        log.flush()
+        except (OSError, ValueError, http.client.HTTPException):
+            return
+
+    threading.Thread(target=follow, daemon=True).start()
+    return lambda: sock.shutdown(socket.SHUT_RDWR)
 
 
 def statuses(url: str) -> dict[str, int]:
@@ -128,7 +160,7 @@ def receipts(home: Path) -> list[dict]:
         return []
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
-    rows = [dict(r) for r in con.execute("select session, prompt_tokens, ceiling, cached_tokens, created_utc from receipts "
+    rows = [dict(r) for r in con.execute("select session, prompt_tokens, ceiling, cached_tokens, shortfall, created_utc from receipts "
                                           "where source = 'api' order by created_utc")]
     con.close()
     return rows
@@ -142,6 +174,7 @@ def run_client(name: str, version: str, cache: Path, window: int, timeout: float
     port = free_port()
     server = serve(port, mtplx_home, window, record / name if record else None)
     url = f"http://127.0.0.1:{port}"
+    unwatch = watch(port, mtplx_home / "events.jsonl")
     env, turns = client_setup(name, home, url)
     env = dict(os.environ, **env, PATH=f"{cache / 'node_modules' / '.bin'}{os.pathsep}{os.environ['PATH']}")
     errors, turn_rows = [], []
@@ -158,13 +191,15 @@ def run_client(name: str, version: str, cache: Path, window: int, timeout: float
             turn_rows.append(receipts(mtplx_home)[before:])
         codes = statuses(url)
     finally:
+        unwatch()
         server.terminate()
         server.wait(30)
     later = [r for rows in turn_rows[1:] for r in rows]
     cached, ceiling = sum(r["cached_tokens"] or 0 for r in later), sum(r["ceiling"] or 0 for r in later)
     return {"client": name, "version": version, "requests": sum(codes.values()), "statuses": codes,
             "turn2": f"{cached}/{ceiling}" + (f" ({cached / ceiling:.3f})" if ceiling else ""),
-            "turn2_requests": len(later), "errors": errors}
+            "turn2_requests": len(later), "shortfalls": [r["shortfall"] for r in later if r["shortfall"]],
+            "scratch": str(root), "errors": errors}
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """Recorded client requests (MTPLX_RECORD_DIR, or bench/agents.py --record) -> trimmed test
 fixtures under tests/fixtures/clients/<client>/: long texts cut to 300 characters and tools to
-the first four, so the in-process tests replay each client's request *shape* (fields, roles,
-block kinds, headers) on the tiny model's window in seconds.
+the first four plus the first of every other tool kind, so the in-process tests replay each
+client's request *shape* (fields, roles, block kinds, tool kinds, headers) on the tiny model's
+window in seconds.
 
     python bench/client_fixtures.py RECORD_DIR CLIENT [--max N]
 """
@@ -29,8 +30,11 @@ def trim(value, limit: int = 300):
 
 def trim_request(entry: dict) -> dict:
     body = dict(entry["body"])
-    if isinstance(body.get("tools"), list):
-        body["tools"] = body["tools"][:4]
+    if isinstance(body.get("tools"), list):  # the first four, and the first of every other kind
+        kinds = {t.get("type") for t in body["tools"][:4] if isinstance(t, dict)}
+        extra = [t for t in body["tools"][4:] if isinstance(t, dict) and t.get("type") not in kinds
+                 and not kinds.add(t.get("type"))]
+        body["tools"] = body["tools"][:4] + extra
     return {"method": entry["method"], "path": entry["path"],
             "headers": {k: v for k, v in entry["headers"].items() if k.lower() in KEEP_HEADERS}, "body": trim(body)}
 

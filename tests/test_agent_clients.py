@@ -185,12 +185,104 @@ def test_codex_request_replays_and_previous_response_id_restores(url):
     follow = ([{"type": "function_call_output", "call_id": c["call_id"], "output": "exit 0"} for c in calls]
               or [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go on."}]}])
     body = {k: v for k, v in recorded["body"].items() if k != "input"}
+    url.engine.settle()  # the bank prepares the follow-up's rendering while the agent runs its tool
     second = httpx.post(url + "/v1/responses", json={**body, "stream": False, "temperature": 0, "max_output_tokens": 16,
                                                      "previous_response_id": done["id"], "input": follow},
                         headers=recorded["headers"], timeout=120).json()
     assert second["usage"]["input_tokens_details"]["cached_tokens"] >= usage["input_tokens"]
     unknown = httpx.post(url + "/v1/responses", json={"input": "hi", "previous_response_id": "resp_nope"})
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "previous_response_id"
+
+
+def test_codex_second_turn_restores_the_whole_first_turn(url):
+    """Codex keeps no server state (store: false): its next request resends the first one's input,
+    the output items it read from our stream (a reasoning item keeps only our sealed blob) and the
+    new input (recorded: 0001 then 0002). Folded back into chat messages that history renders to
+    what the bank prepared while the agent was busy, so the whole first turn, reply included, is
+    restored. (A client that resends before the bank has prepared it restores up to the first token
+    where the sampled ids differ from the re-encoded text: see docs/server.md.)"""
+    from mtplx.events import Restored
+
+    first, later = fixture("codex", "0001-v1_responses.json"), fixture("codex", "0002-v1_responses.json")
+    n = len(first["body"]["input"])
+    assert later["body"]["input"][:n] == first["body"]["input"]  # the whole history, every turn
+    assert [item.get("role") for item in later["body"]["input"][n:]] == ["assistant", "user"]
+    seen = []
+    listen = lambda e: seen.append(e) if isinstance(e, Restored) else None
+    url.engine.listeners.append(listen)
+    try:
+        r = post(url, first, temperature=0, max_output_tokens=64)
+        assert r.status_code == 200, r.text
+        items = [d["item"] for _, d in sse(r) if d["type"] == "response.output_item.done"]
+        assert items and all(i["type"] != "reasoning" or i["encrypted_content"].startswith("mtplx1.") for i in items)
+        items = [{k: v for k, v in i.items() if k != "content"} if i["type"] == "reasoning" else i for i in items]
+        calls = [i for i in items if i["type"] == "function_call"]
+        follow = ([{"type": "function_call_output", "call_id": c["call_id"], "output": "exit 0"} for c in calls]
+                  or later["body"]["input"][n + 1:])
+        url.engine.settle()  # Codex runs the command (or its user reads the answer) meanwhile
+        r = post(url, later, input=first["body"]["input"] + items + follow, temperature=0, max_output_tokens=8)
+        assert r.status_code == 200, r.text
+    finally:
+        url.engine.listeners.remove(listen)
+    before, after = seen[-2], seen[-1]
+    assert after.ceiling > before.prompt_tokens  # the reply counts: it came back as generated...
+    assert after.cached_tokens >= 0.99 * after.ceiling, after.shortfall  # ...and is restored
+
+
+# -- replies sent back, on every route (pure) ---------------------------------------------------
+CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+REPLIES = {  # generated text, and whether the prompt ended inside <think>
+    "plain": ("The file prints hello.", False),
+    "reasoning then answer": ("<think>\nI look.\n</think>\n\nIt prints hello.", False),
+    "prompt opened the reasoning": ("I look.\n</think>\n\nIt prints hello.", True),
+    "text then a call": ("I'll read it.\n" + CALL, False),
+    "reasoning, text, two calls": ("<think>\nTwo files.\n</think>\n\nReading both.\n" + CALL + "\n" + CALL, False),
+    "a call alone": (CALL, False),
+    "reasoning then a call": ("Read it first.\n</think>\n\n" + CALL, True),
+}
+
+
+def _sent_back(text: str, in_reasoning: bool, signer) -> dict:
+    """The assistant message each route folds back from what it answered, resent as the client
+    got it: OpenAI's message, Anthropic's content blocks, the Responses output items as streamed
+    (Codex keeps a reasoning item's sealed blob, not its text)."""
+    from mtplx.events import Finished
+    from mtplx.reply_stream import ReplyStream
+    from mtplx.server import anthropic_map, openai_response, responses
+    from mtplx.server.openai_request import parse_messages
+
+    fin = Finished("r", "stop", 10, 5, 0, text, (), {})
+    user, then = {"role": "user", "content": ASK}, {"role": "user", "content": "Thanks."}
+    splitter = lambda: ReplyStream(in_reasoning, None, TOOLS)
+    message = openai_response.completion("m", fin, in_reasoning, splitter())["choices"][0]["message"]
+    blocks = anthropic_map.message("m", fin, in_reasoning, signer, splitter())["content"]
+    built = responses.ResponseStream("m", in_reasoning, {}, signer, splitter())
+    streamed = built.start() + built.text(text) + built.finish(fin)
+    items = [{k: v for k, v in d["item"].items() if k != "content"} if d["item"]["type"] == "reasoning" else d["item"]
+             for name, d in streamed if name == "response.output_item.done"]
+    return {"openai": parse_messages([user, message, then])[1],
+            "anthropic": anthropic_map.to_messages({"messages": [user, {"role": "assistant", "content": blocks}, then]}, signer)[1],
+            "responses": responses.to_messages({"input": [{"role": "user", "content": ASK}, *items,
+                                                          {"role": "user", "content": "Thanks."}]}, [], signer)[1]}
+
+
+@pytest.mark.parametrize("case", sorted(REPLIES))
+def test_a_reply_sent_back_renders_as_the_bank_prepared_it_on_every_route(case, tokenizer):
+    """What the bank renders ahead for the next turn (chat.parse_reply of the generated text) and
+    what each route folds back from the client's copy render to the same tokens, before a new
+    user message and before a tool result: the reply, reasoning and calls included, is reusable."""
+    from mtplx.bank.spans import same_reply
+    from mtplx.chat import parse_reply, render
+    from mtplx.server.signature import Signer
+
+    text, in_reasoning = REPLIES[case]
+    generated = parse_reply(text, None, TOOLS)
+    for route, message in _sent_back(text, in_reasoning, Signer(key=b"k" * 32)).items():
+        assert same_reply(message, generated), route
+        for follow in ({"role": "user", "content": "Thanks."}, {"role": "tool", "tool_call_id": "call_0", "content": "x = 1"}):
+            convo = lambda reply: [{"role": "user", "content": ASK}, reply, follow]
+            assert render(tokenizer, convo(message), TOOLS, add_generation_prompt=False) == \
+                render(tokenizer, convo(generated), TOOLS, add_generation_prompt=False), (route, follow["role"])
 
 
 # -- session identity and tool arguments (pure) -----------------------------------------------
