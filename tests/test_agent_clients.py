@@ -194,6 +194,77 @@ def test_codex_request_replays_and_previous_response_id_restores(url):
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "previous_response_id"
 
 
+def test_codex_tools_of_other_kinds_are_not_described_and_its_default_request_works(url):
+    recorded = fixture("codex", "0001-v1_responses.json")
+    kinds = {t["type"] for t in recorded["body"]["tools"]}
+    assert {"function", "namespace", "web_search"} <= kinds  # what Codex sends with default settings
+    functions = [t for t in recorded["body"]["tools"] if t["type"] == "function"]
+    usages = []
+    for tools in (recorded["body"]["tools"], functions):
+        r = post(url, recorded, tools=tools, stream=False, temperature=0, max_output_tokens=2)
+        assert r.status_code == 200, r.text
+        usages.append(r.json()["usage"]["input_tokens"])
+    assert usages[0] == usages[1]  # only function tools reach the prompt
+
+
+def test_structured_output_is_asked_for_on_anthropic_and_refused_on_responses(url):
+    """Claude Code's title request asks for a JSON schema (output_config.format): without a
+    grammar it is asked for in the system prompt, never dropped. The OpenAI routes refuse
+    structured output (text.format here, response_format on chat) with a 400."""
+    title = fixture("claude", "0001-v1_messages.json")
+    assert title["body"]["output_config"]["format"]["type"] == "json_schema"
+    body = {k: v for k, v in title["body"].items() if k != "stream"}
+    plain = {**body, "output_config": {"effort": "high"}}
+
+    def count(b):
+        return httpx.post(url + "/v1/messages/count_tokens", json=b, headers=title["headers"]).json()["input_tokens"]
+
+    assert count(body) > count(plain)  # the schema is in the prompt
+    assert post(url, title, temperature=0, max_tokens=4).status_code == 200
+    bad = httpx.post(url + "/v1/messages", json={**plain, "max_tokens": 4, "output_config": {"format": {"type": "regex"}}})
+    assert bad.status_code == 400 and bad.json()["type"] == "error"
+    refused = httpx.post(url + "/v1/responses", json={"input": "hi", "text": {"format": {"type": "json_schema", "name": "t",
+                                                                                         "schema": {"type": "object"}}}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "text.format"
+    plain_text = {"input": "hi", "max_output_tokens": 2, "text": {"format": {"type": "text"}, "verbosity": "low"}}
+    assert httpx.post(url + "/v1/responses", json=plain_text, timeout=60).status_code == 200
+
+
+def test_previous_response_id_survives_a_server_restart(url):
+    """The conversations behind previous_response_id are a file under MTPLX_HOME: a server started
+    afresh on the same home still renders a follow-up naming the previous server's response."""
+    from fastapi.testclient import TestClient
+
+    ask = {"input": ASK, "tools": [{"type": "function", **TOOLS[0]["function"]}], "max_output_tokens": 8, "temperature": 0}
+    with TestClient(create_app(url.engine, "tiny-dense")) as before:
+        first = before.post("/v1/responses", json=ask).json()
+    with TestClient(create_app(url.engine, "tiny-dense")) as after:  # a new server process would open the same file
+        follow = after.post("/v1/responses", json={**ask, "input": "Go on.", "previous_response_id": first["id"]})
+        assert follow.status_code == 200, follow.text
+        assert follow.json()["usage"]["input_tokens"] > first["usage"]["input_tokens"]  # the history came back
+        assert after.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_nope"}).status_code == 400
+
+
+def test_response_store_is_bounded_and_survives_a_damaged_file(tmp_path):
+    from mtplx.server.api_error import ApiError
+    from mtplx.server.response_store import ResponseStore
+
+    store = ResponseStore(tmp_path / "responses.db", capacity=2)
+    for rid in ("a", "b"):
+        store.put(rid, [{"role": "user", "content": rid}])
+    assert store.get("a") == [{"role": "user", "content": "a"}]  # a is now the most recently used
+    store.put("c", [])
+    with pytest.raises(ApiError):
+        store.get("b")  # the least recently used went
+    assert len(ResponseStore(tmp_path / "responses.db", capacity=2)) == 2  # and the rest is on disk
+    (tmp_path / "bad.db").write_bytes(b"not a database" * 100)
+    damaged = ResponseStore(tmp_path / "bad.db")
+    damaged.put("x", [])
+    assert damaged.get("x") == []  # served from memory
+    with pytest.raises(ValueError):
+        ResponseStore(capacity=0)
+
+
 def test_codex_second_turn_restores_the_whole_first_turn(url):
     """Codex keeps no server state (store: false): its next request resends the first one's input,
     the output items it read from our stream (a reasoning item keeps only our sealed blob) and the

@@ -151,7 +151,7 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
                         signer: Signer | None = None) -> ChatCall:
     if require_max_tokens and "max_tokens" not in body:
         raise bad_request("max_tokens is required", "max_tokens")
-    messages, tools = to_messages(body, signer), to_tools(body.get("tools"))
+    messages, tools = with_format(to_messages(body, signer), body.get("output_config")), to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("max_tokens", "temperature", "top_p", "top_k") if k in body}
     if "stop_sequences" in body:
         mapped["stop"] = body["stop_sequences"]
@@ -160,6 +160,22 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
         raise bad_request("stream must be a boolean", "stream")
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
                     thinking_flag(body.get("thinking")), None, from_anthropic(body.get("tool_choice"), tools))
+
+
+def with_format(messages: list[dict], config) -> list[dict]:
+    """`output_config.format` (Claude Code's title request asks for a JSON schema): this server has
+    no grammar on the logits, so the schema is asked for at the end of the system prompt; the reply
+    is neither constrained nor validated (docs/server.md). Any other format is a 400."""
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if fmt is None:
+        return messages
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise bad_request("output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}", "output_config.format")
+    ask = "Reply with one JSON object, and nothing else, that matches this JSON schema:\n" + \
+        json.dumps(fmt["schema"], ensure_ascii=False)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + ask}] + messages[1:]
+    return [{"role": "system", "content": ask}] + messages
 
 
 def thinking_flag(thinking) -> bool | None:

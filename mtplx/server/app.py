@@ -25,6 +25,7 @@ from mtplx.server import anthropic_map, openai_response, responses
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
+from mtplx.server.response_store import ResponseStore
 from mtplx.home import home_path
 from mtplx.reply_stream import ReplyStream
 from mtplx.server.context import window_of
@@ -60,7 +61,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     recorder = Recorder.from_env()
     rules = ToolRules(tokenizer, engine.eos_ids, getattr(engine.checkpoint, "tool_format", None))
     signer = Signer(lambda: home_path("signing.key"))
-    response_store = responses.ResponseStore()
+    response_store = ResponseStore(home_path("responses.db"))  # survives a restart
 
     def limit() -> int:
         return engine.context_window

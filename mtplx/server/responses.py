@@ -1,5 +1,5 @@
 """The OpenAI Responses API (what Codex speaks) <-> the chat form the engine renders. Pure
-mapping, plus the small store that serves `previous_response_id`.
+mapping; the conversations behind `previous_response_id` live in response_store.py.
 
 Input items become chat messages: `instructions` and developer/system messages are system
 turns, reasoning + assistant text + function calls in a row are one assistant turn,
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import OrderedDict
 
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished
@@ -22,30 +21,12 @@ from mtplx.reply_stream import Piece, ReplyStream
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import OPENAI_MEDIA, placeholder
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
+from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import from_openai
 
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
-
-
-class ResponseStore:
-    """Conversations of recent responses (messages + tools), by response id; bounded LRU."""
-
-    def __init__(self, capacity: int = 256):
-        self.capacity, self.entries = capacity, OrderedDict()
-
-    def get(self, response_id: str) -> list[dict]:
-        if response_id not in self.entries:
-            raise bad_request(f"previous_response_id {response_id!r} is unknown to this server (it keeps the "
-                              f"last {self.capacity} responses since it started)", "previous_response_id", "previous_response_not_found")
-        self.entries.move_to_end(response_id)
-        return list(self.entries[response_id])
-
-    def put(self, response_id: str, messages: list[dict]) -> None:
-        self.entries[response_id] = list(messages)
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
 
 
 def _text(content, p: str) -> str:
@@ -123,6 +104,16 @@ def to_messages(body: dict, previous: list[dict], signer: Signer | None = None) 
     return out
 
 
+def text_format(text) -> None:
+    """`text.format`: plain text is what this server writes; a JSON schema or JSON object is
+    refused, as /v1/chat/completions refuses `response_format` (no grammar on the logits).
+    `text.verbosity` is accepted and not used."""
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise bad_request("text.format other than {\"type\": \"text\"} (structured output) is not supported by this server",
+                          "text.format")
+
+
 def to_tools(raw) -> list[dict] | None:
     if raw is None:
         return None
@@ -145,6 +136,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise bad_request("previous_response_id must be a string", "previous_response_id")
+    text_format(body.get("text"))
     messages = to_messages(body, store.get(previous) if previous else [], signer)
     tools = to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
