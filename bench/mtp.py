@@ -2,7 +2,8 @@
 
     python bench/mtp.py [--models tiny-dense tiny-hybrid] [--prompts 6] [--tokens 128] [--runs 3]
 
-Each run, on one engine and in one process (interleaved, so machine noise hits every arm alike):
+Each run, on one engine and in one process, prompt by prompt (each prompt through every arm, so
+machine noise hits all arms alike):
 mtplx AR decode, MTP decode at depths 1-4 (greedy, fixed length), mlx-lm's `stream_generate` on the
 same weights with the same fast path (as it runs: MKL on its default threads; and with MKL held to
 one thread, as mtplx runs its decode steps), and the measured step costs of engine/step_costs.py:
@@ -47,54 +48,49 @@ def prompts(tokenizer, n: int) -> list[tuple[int, ...]]:
     return out
 
 
-def decode(engine, ps, tokens, mtp, depth=1) -> dict:
-    """Decode tok/s over the prompts (total tokens / total decode time), and acceptance by depth."""
-    n, seconds, drafted, accepted, verifies, hosts = 0, 0.0, [0] * depth, [0] * depth, 0, []
-    for p in ps:
-        s = engine.submit(GenerationRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True), use_mtp=mtp,
-                                            depth=depth, source="bench")).result().stats
-        n, seconds = n + s.completion_tokens, seconds + s.decode_s
-        if not mtp:
-            hosts.append(step_costs.host_per_step(s))
-        if mtp:
-            drafted = [a + b for a, b in zip(drafted, s.drafted_by_depth)]
-            accepted = [a + b for a, b in zip(accepted, s.accepted_by_depth)]
-            verifies += s.verify_calls
-    out = {"tps": n / seconds}
-    if not mtp:
-        out["host"] = statistics.median(hosts)
+def decode(engine, p, tokens, mtp, depth=1) -> dict:
+    """One prompt's decode: tokens, seconds, and (AR) host time per step or (MTP) acceptance counts."""
+    s = engine.submit(GenerationRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True), use_mtp=mtp,
+                                        depth=depth, source="bench")).result().stats
+    out = {"n": s.completion_tokens, "s": s.decode_s}
     if mtp:
-        out |= {"acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
-                "tau": (sum(accepted) + verifies) / verifies}
-    return out
+        return out | {"drafted": list(s.drafted_by_depth), "accepted": list(s.accepted_by_depth), "verifies": s.verify_calls}
+    return out | {"host": step_costs.host_per_step(s)}
 
 
-def mlx_lm_tps(engine, ps, tokens) -> float:
+def mlx_lm(engine, p, tokens) -> dict:
     from mlx_lm.generate import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
-    model, tok = engine.checkpoint.model, engine.checkpoint.tokenizer
-    n, seconds = 0, 0.0
-    for p in ps:
-        last = None
-        for last in stream_generate(model, tok, list(p), max_tokens=tokens, sampler=make_sampler(0.0)):
-            pass
-        n, seconds = n + last.generation_tokens, seconds + last.generation_tokens / last.generation_tps
-    return n / seconds
+    last = None
+    for last in stream_generate(engine.checkpoint.model, engine.checkpoint.tokenizer, list(p), max_tokens=tokens,
+                                sampler=make_sampler(0.0)):
+        pass
+    return {"n": last.generation_tokens, "s": last.generation_tokens / last.generation_tps}
 
 
 def one_run(engine, ps, tokens) -> dict:
-    ar = decode(engine, ps, tokens, False)
-    row = {"ar": ar["tps"], "host": ar["host"]}
-    for depth in DEPTHS:
-        row[depth] = decode(engine, ps, tokens, True, depth)
-    row["mlx-lm"] = engine.call(lambda: mlx_lm_tps(engine, ps, tokens))
-
-    def one_thread():
+    """Every arm on every prompt, prompt by prompt (a noisy moment hits all arms of a prompt alike)."""
+    def one_thread(p):
         with blas_threads(1):
-            return mlx_lm_tps(engine, ps, tokens)
+            return mlx_lm(engine, p, tokens)
 
-    row["mlx-lm 1 thread"] = engine.call(one_thread)
+    arms = {"ar": lambda p: decode(engine, p, tokens, False)}
+    arms |= {depth: (lambda p, d=depth: decode(engine, p, tokens, True, d)) for depth in DEPTHS}
+    arms |= {"mlx-lm": lambda p: engine.call(lambda: mlx_lm(engine, p, tokens)),
+             "mlx-lm 1 thread": lambda p: engine.call(lambda: one_thread(p))}
+    got = {arm: [] for arm in arms}
+    for p in ps:
+        for arm, fn in arms.items():
+            got[arm].append(fn(p))
+    row = {arm: {"tps": sum(g["n"] for g in gs) / sum(g["s"] for g in gs)} for arm, gs in got.items()}
+    row["host"] = statistics.median(g["host"] for g in got["ar"])
+    for depth in DEPTHS:
+        drafted = [sum(g["drafted"][i] for g in got[depth]) for i in range(depth)]
+        accepted = [sum(g["accepted"][i] for g in got[depth]) for i in range(depth)]
+        verifies = sum(g["verifies"] for g in got[depth])
+        row[depth] |= {"acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+                       "tau": (sum(accepted) + verifies) / verifies}
     row["costs"] = engine.call(lambda: step_costs.measure(engine.runner, list(ps[0])))
     return row
 
@@ -103,7 +99,7 @@ def report(model: str, rows: list[dict], args) -> None:
     med = statistics.median
     c1 = med(r["costs"].forward[1] for r in rows)
     draft = med(r["costs"].draft for r in rows)
-    ar = med(r["ar"] for r in rows)
+    ar = med(r["ar"]["tps"] for r in rows)
     costs = step_costs.median_of([r["costs"] for r in rows]).with_host(med(r["host"] for r in rows))
     deepest = [med(r[max(DEPTHS)]["acceptance"][i] for r in rows) for i in range(max(DEPTHS))]
     print(f"\n{model}: {args.prompts} prompts x {args.tokens} tokens (greedy), medians of {len(rows)} runs; "
@@ -115,14 +111,15 @@ def report(model: str, rows: list[dict], args) -> None:
         acc = " ".join(f"{med(r[k]['acceptance'][i] for r in rows):.2f}" for i in range(k))
         ck = med(r["costs"].forward[k + 1] for r in rows)
         predicted = costs.speedup(k, deepest)
-        measured = med(r[k]["tps"] / r["ar"] for r in rows)
+        measured = med(r[k]["tps"] / r["ar"]["tps"] for r in rows)
         print(f"{k:>5} {acc:<24} {med(r[k]['tau'] for r in rows):5.2f} {ck / c1:11.2f} {costs.rounds[k] / c1:10.2f} {costs.chained_draft(k) / c1:18.2f} "
               f"{predicted:9.2f} {measured:8.2f} {med(r[k]['tps'] for r in rows):9.1f}")
     print("  round = one whole Speculator round, timed; chained draft = (round - c(k+1)) / k; "
           "predicted = tau(k) * (c(1) + h) / (round(k) + h),\n  tau(k) from the depth-4 acceptance; measured = MTP/AR tok/s")
-    ref, ref1 = med(r["mlx-lm"] for r in rows), med(r["mlx-lm 1 thread"] for r in rows)
+    ref, ref1 = med(r["mlx-lm"]["tps"] for r in rows), med(r["mlx-lm 1 thread"]["tps"] for r in rows)
     print(f"  AR {ar:.1f} tok/s; mlx-lm stream_generate {ref:.1f} tok/s (MKL default threads), {ref1:.1f} (one MKL thread); "
-          f"AR/mlx-lm {med(r['ar'] / r['mlx-lm'] for r in rows):.2f} and {med(r['ar'] / r['mlx-lm 1 thread'] for r in rows):.2f}")
+          f"AR/mlx-lm {med(r['ar']['tps'] / r['mlx-lm']['tps'] for r in rows):.2f} and "
+          f"{med(r['ar']['tps'] / r['mlx-lm 1 thread']['tps'] for r in rows):.2f}")
 
 
 def main() -> None:
@@ -136,9 +133,9 @@ def main() -> None:
         engine = Engine(resolve(model), EngineConfig(), name=model).start()
         try:
             ps = prompts(engine.checkpoint.tokenizer, args.prompts)
-            decode(engine, ps[:1], 16, False)  # warm-up: compiles every step shape
+            decode(engine, ps[0], 16, False)  # warm-up: compiles every step shape
             for depth in DEPTHS:
-                decode(engine, ps[:1], 32, True, depth)
+                decode(engine, ps[0], 32, True, depth)
             rows = []
             for run in range(args.runs):
                 rows.append(one_run(engine, ps, args.tokens))
