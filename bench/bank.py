@@ -35,9 +35,8 @@ from mtplx.bank.plan import EntryView, plan_restore  # noqa: E402
 from mtplx.bank.spans import reuse_ratio  # noqa: E402
 from mtplx.bank.ssd import SsdConfig  # noqa: E402
 from mtplx.catalog import resolve  # noqa: E402
-from mtplx.chat import render  # noqa: E402
+from mtplx.chat import chat_request, render  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
-from mtplx.engine.request import GenerationRequest  # noqa: E402
 from mtplx.engine.sampling import SamplingParams  # noqa: E402
 from mtplx.replay.live_agent import AgentSession  # noqa: E402
 from mtplx.synth.agent import Sizes, conversation  # noqa: E402
@@ -68,8 +67,8 @@ def scenarios(quick: bool) -> list[tuple[str, list[AgentSession], list[int], Ban
 
 
 def run_turn(engine: Engine, prompt, chat, session):
-    req = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=MAX_TOKENS), chat=chat, session=session,
-                            source="bench")
+    req = chat_request(engine.checkpoint.tokenizer, chat["messages"], chat["tools"], prompt=prompt,
+                       sampling=SamplingParams(max_tokens=MAX_TOKENS), session=session, source="bench")
     fin = engine.submit(req).result()
     engine.settle()
     outcome = engine.bank.outcomes.get(req.request_id) if engine.bank else None
@@ -97,7 +96,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows, restarts):
                 o is not s and o.conversation["messages"][0] == s.conversation["messages"][0]
                 and any(m["role"] == "assistant" for m in o.sent) for o in sessions)
             if outcome.ceiling is None or turn == 0 or first_of_session:
-                s.reply(fin_w.text)
+                s.send_back(fin_w.reply)
                 continue  # a session's first turn with a head never seen is cold by construction
             ratio = reuse_ratio(outcome.achieved, outcome.ceiling)
             prefill_s = fin_w.stats.prefill_s or 1e-9
@@ -106,7 +105,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows, restarts):
                              cause=outcome.cause, ttft_warm=fin_w.stats.ttft_s, ttft_cold=fin_c.stats.ttft_s,
                              overhead=fin_w.stats.ttft_s / (prefill_s + fin_w.stats.sample_s) if fin_w.stats.prefill_s else None,
                              parity=fin_w.token_ids == fin_c.token_ids))
-            s.reply(fin_w.text)
+            s.send_back(fin_w.reply)
     finally:
         warm.stop()  # a clean shutdown flushes the bank to SSD
         cold.stop()

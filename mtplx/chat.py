@@ -35,6 +35,22 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
     return list(ids)
 
 
+def chat_request(tokenizer, messages: list[dict], tools: list[dict] | None = None, *, sampling=None,
+                 enable_thinking: bool | None = None, prompt: list[int] | None = None, **fields):
+    """The one way chat input becomes a GenerationRequest (server routes, TUI chat and replay, CLI
+    generate, agents in tests and benches): the prompt rendered with the template (or `prompt`,
+    when the caller rendered it already, e.g. through the server's encode cache) and the chat kept
+    on the request, where the bank reads its messages and the engine its tool schemas.
+    `fields`: the request's other fields (session, source, tool_rule, raw, arm, use_mtp, depth)."""
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+
+    if prompt is None:
+        prompt = render(tokenizer, messages, tools, enable_thinking=enable_thinking)
+    chat = {"messages": list(messages), "tools": tools, "enable_thinking": enable_thinking}
+    return GenerationRequest(tuple(prompt), sampling or SamplingParams(), chat=chat, **fields)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0

@@ -105,16 +105,19 @@ def generate(
     _mtp_notice(engine)
     from dataclasses import replace
 
+    from mtplx.chat import chat_request
     from mtplx.engine.request import GenerationRequest
     from mtplx.engine.sampling import SamplingParams
     from mtplx.events import Failed, Finished, Tokens
 
     tok = engine.checkpoint.tokenizer
-    ids = tok.encode(prompt) if raw else tok.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, enable_thinking=not no_think)
     params = engine.checkpoint.generation.defaults(SamplingParams(seed=seed, max_tokens=max_tokens))
     params = params if temperature is None else replace(params, temperature=temperature)
-    request = GenerationRequest(tuple(ids), params, source="cli")
+    if raw:
+        request = GenerationRequest(tuple(tok.encode(prompt)), params, source="cli")
+    else:
+        request = chat_request(tok, [{"role": "user", "content": prompt}], sampling=params,
+                               enable_thinking=not no_think, source="cli")
     for event in engine.submit(request):
         if isinstance(event, Tokens):
             sys.stdout.write(event.text)

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Union
 
+from mtplx.reply_stream import Piece
+
 
 def _now() -> float:
     return time.monotonic()
@@ -59,6 +61,7 @@ class Tokens:
     token_ids: tuple[int, ...]
     text: str
     segment: str  # "reasoning", "content" or "tool_call" at the first of these tokens
+    pieces: tuple[Piece, ...] = ()  # the reply's split: what this text completes (reply_stream.py)
     t: float = field(default_factory=_now)
 
 
@@ -127,6 +130,8 @@ class Finished:
     text: str
     token_ids: tuple[int, ...]
     stats: RequestStats = field(default_factory=RequestStats)
+    pieces: tuple[Piece, ...] = ()  # the whole reply split once (the Tokens events' pieces, then the rest)
+    reply: dict | None = None  # the assistant message those pieces make (reply_stream.message; made if None)
     t: float = field(default_factory=_now)
 
     def __post_init__(self):
@@ -134,6 +139,10 @@ class Finished:
             object.__setattr__(self, "stats", RequestStats.from_dict(self.stats))
         elif not isinstance(self.stats, RequestStats):
             raise ValueError(f"Finished.stats must be RequestStats, got {type(self.stats).__name__}")
+        if self.reply is None:
+            from mtplx.reply_stream import message
+
+            object.__setattr__(self, "reply", message(self.pieces))
 
 
 @dataclass(frozen=True)
@@ -170,6 +179,8 @@ def event_dict(event: EngineEvent) -> dict:
         out["token_ids"] = list(out["token_ids"])
     if isinstance(event, Finished):
         out["stats"] = event.stats.as_dict()
+    if isinstance(event, (Tokens, Finished)):
+        out["pieces"] = [asdict(p) for p in event.pieces]
     out["type"] = type(event).__name__
     return out
 
@@ -185,6 +196,8 @@ def event_from_dict(data: dict) -> EngineEvent | None:
     kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data and f.name != "request"}
     if "token_ids" in kwargs:
         kwargs["token_ids"] = tuple(kwargs["token_ids"])
+    if "pieces" in kwargs:
+        kwargs["pieces"] = tuple(Piece(**p) for p in kwargs["pieces"])
     if cls is Queued and isinstance(data.get("request"), dict):
         from types import SimpleNamespace
 

@@ -5,6 +5,10 @@ the next chunk decides it. A tool call is released whole, once its closing tag a
 output ends, for formats without one), parsed by the model's tool-call format
 (`mtplx/tool_formats.py`; the `<tool_call>` family by default, JSON or Qwen3.5 XML bodies alike).
 An unparseable call is released as content, never dropped.
+
+The engine runs one stream per request (engine/generation.py): each Tokens event carries the
+pieces its text completes and Finished carries all of them with `message(pieces)`, so the server,
+receipts, bank and TUI read the split instead of parsing the text again.
 """
 
 from __future__ import annotations
@@ -108,3 +112,18 @@ class ReplyStream:
             return [Piece("content", self.open + body + self.close)]
         self.tool_calls += len(calls)
         return [Piece("tool_call", name=c.name, arguments=self.format.arguments_json(c)) for c in calls]
+
+
+def message(pieces) -> dict:
+    """The assistant message a reply's pieces make: what an OpenAI client sends back in its next
+    request (content, reasoning_content when there was reasoning, tool_calls when there were any)."""
+    content = "".join(p.text for p in pieces if p.kind == "content")
+    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
+             for i, p in enumerate(p for p in pieces if p.kind == "tool_call")]
+    out = {"role": "assistant", "content": content}
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    if calls:
+        out["tool_calls"] = calls
+    return out

@@ -12,7 +12,7 @@ import pytest
 
 from mtplx.bank.bank import BankConfig
 from mtplx.catalog import resolve
-from mtplx.chat import render
+from mtplx.chat import chat_request, render
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.generation import Generation
 from mtplx.state.turn import StartPoint
@@ -36,12 +36,13 @@ def _agent_turns(engine, convo, turns: int):
     session, out = AgentSession("agent", convo), []
     while len(out) < turns and (nxt := session.next_request(engine.checkpoint.tokenizer)) is not None:
         prompt, chat = nxt
-        req = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=120), chat=chat, session="agent")
+        req = chat_request(engine.checkpoint.tokenizer, chat["messages"], chat["tools"], prompt=prompt,
+                           sampling=SamplingParams(max_tokens=120), session="agent")
         fin = engine.submit(req).result()
         engine.settle()  # an agent's tool time: the render-ahead finishes
         outcome = engine.bank.outcomes.get(req.request_id) if engine.bank else None
         out.append((fin.token_ids, fin.cached_tokens, outcome))
-        session.reply(fin.text)
+        session.send_back(fin.reply)
     return out
 
 
@@ -104,13 +105,12 @@ def test_every_sample_transcript_restores_to_cold_outputs(name):
             for i, turn in enumerate(transcript.turns[:SAMPLE_TURNS]):
                 turns += 1
                 body = turn.body
-                prompt = tuple(render(tok, body["messages"], body.get("tools")))
                 params = SamplingParams(max_tokens=8)
-                chat = {"messages": body["messages"], "tools": body.get("tools")}
-                session = f"{transcript.name}-{turn.session}"
-                warm = banked.submit(GenerationRequest(prompt, params, chat=chat, session=session)).result()
+                request = chat_request(tok, body["messages"], body.get("tools"), sampling=params,
+                                       session=f"{transcript.name}-{turn.session}")
+                warm = banked.submit(request).result()
                 banked.settle()
-                cold = cold_engine.submit(GenerationRequest(prompt, params)).result()
+                cold = cold_engine.submit(GenerationRequest(request.prompt, params)).result()
                 assert warm.token_ids == cold.token_ids, f"{transcript.name} turn {i}: restored output differs from cold"
                 restored_turns += warm.cached_tokens > 0
     finally:
@@ -124,7 +124,6 @@ def test_every_sample_transcript_restores_to_cold_outputs(name):
 def test_a_shortfall_names_its_cause():
     """Without the render-ahead, a new user message strips the reply's reasoning from history: the
     restore stops where the re-rendered reply begins, short of the ceiling, and the outcome says why."""
-    from mtplx.chat import parse_reply
 
     engine = Engine(resolve("tiny-dense"), EngineConfig(), name="tiny-dense", bank=BankConfig(render_ahead=False)).start()
     tok = engine.checkpoint.tokenizer
@@ -133,15 +132,14 @@ def test_a_shortfall_names_its_cause():
         for seed in range(12, 24):
             convo = conversation(seed, Corpus(), Sizes(6, 12), max_user_turns=2)
             messages, tools = convo["messages"][:2], convo["tools"]
-            first = engine.submit(GenerationRequest(tuple(render(tok, messages, tools)), SamplingParams(max_tokens=80),
-                                                    chat={"messages": messages, "tools": tools}, session="s")).result()
-            reply = parse_reply(first.text)
+            first = engine.submit(chat_request(tok, messages, tools, sampling=SamplingParams(max_tokens=80),
+                                               session="s")).result()
+            reply = first.reply
             if reply.get("reasoning_content"):
                 break
         assert reply.get("reasoning_content"), "no first reply with reasoning in 12 conversations"
         follow = messages + [{"role": "assistant", **reply}, {"role": "user", "content": "Thanks. And the tests?"}]
-        req = GenerationRequest(tuple(render(tok, follow, tools)), SamplingParams(max_tokens=4),
-                                chat={"messages": follow, "tools": tools}, session="s")
+        req = chat_request(tok, follow, tools, sampling=SamplingParams(max_tokens=4), session="s")
         engine.submit(req).result()
         outcome = engine.bank.outcomes[req.request_id]
         assert 0 < outcome.achieved < outcome.ceiling

@@ -11,7 +11,7 @@ import standins
 from mtplx.bank.anchors import prompt_anchors
 from mtplx.bank.markers import Markers
 from mtplx.bank.spans import message_spans, reuse_ceiling
-from mtplx.chat import render
+from mtplx.chat import chat_request, render
 
 TINY = Path(__file__).resolve().parents[1] / "mtplx" / "assets" / "models" / "tiny-dense"
 # A template of our own that adds a system turn when the conversation has none, as Llama 3.1's does.
@@ -174,7 +174,6 @@ def test_real_template_turns_restore_their_ceiling_and_equal_cold(tmp_path, fami
     stand-in has sliding-window layers (window 64, rotated long before the later turns)."""
     from mtplx.bank.bank import BankConfig
     from mtplx.bank.spans import reuse_ratio
-    from mtplx.chat import parse_reply
     from mtplx.engine.engine import Engine, EngineConfig
     from mtplx.engine.request import GenerationRequest
     from mtplx.engine.sampling import SamplingParams
@@ -189,15 +188,15 @@ def test_real_template_turns_restore_their_ceiling_and_equal_cold(tmp_path, fami
     try:
         for text in USER_TURNS:
             messages.append({"role": "user", "content": text})
-            prompt = tuple(render(tok, messages))
             params = SamplingParams(max_tokens=12, temperature=0.0)
-            request = GenerationRequest(prompt, params, chat={"messages": list(messages)}, session="s")
+            request = chat_request(tok, messages, sampling=params, session="s")
+            prompt = request.prompt
             warm = banked.submit(request).result()
             banked.settle()  # the user reads the reply: idle time for the render-ahead
             outcome = banked.bank.outcomes[request.request_id]
             reference = cold.submit(GenerationRequest(prompt, params)).result()
             rows.append((len(prompt), outcome.ceiling, warm.cached_tokens, warm.token_ids == reference.token_ids))
-            messages.append({"role": "assistant", **parse_reply(warm.text)})
+            messages.append(warm.reply)
         # Gemma's window layers have rotated in every later entry: those restore at their ends only.
         rotated = [v for v in banked.call(banked.bank.views) if v.restorable == (len(v.tokens),)]
         assert bool(rotated) == (family == "gemma3")

@@ -124,10 +124,12 @@ def test_qwen35_call_round_trips_through_the_server(qwen35):
 def test_qwen35_call_becomes_openai_tool_calls():
     """What the server returns for a Qwen3.5-format reply: an OpenAI tool call with JSON arguments."""
     from mtplx.events import Finished
+    from mtplx.reply_stream import ReplyStream
     from mtplx.server.openai_response import completion
 
-    fin = Finished("r", "stop", 10, 30, 0, "<think>\nok\n</think>\n\n" + XML_CALL, (), {})
-    message = completion("m", fin, in_reasoning=False)["choices"][0]["message"]
+    text = "<think>\nok\n</think>\n\n" + XML_CALL
+    fin = Finished("r", "stop", 10, 30, 0, text, (), {}, tuple(ReplyStream().feed(text, final=True)))
+    message = completion("m", fin)["choices"][0]["message"]
     call = message["tool_calls"][0]["function"]
     assert call["name"] == "edit_file" and json.loads(call["arguments"])["path"] == "src/a.py"
     assert message["reasoning_content"] == "ok" and not message["content"]
@@ -170,23 +172,24 @@ def test_call_head_follows_the_templates_body():
 
 
 def test_every_route_maps_a_model_format_call_to_its_tool_call_shape():
-    """The server splits replies with the model's own format: a Mistral-style call comes back as
-    OpenAI tool_calls (whole and streamed) and an Anthropic tool_use block."""
-    from mtplx.events import Finished
+    """Replies split with the model's own format (as the engine splits them): a Mistral-style call
+    comes back as OpenAI tool_calls (whole and streamed) and an Anthropic tool_use block."""
+    from mtplx.events import Finished, Tokens
     from mtplx.reply_stream import ReplyStream
     from mtplx.server import anthropic_map, openai_response
     from mtplx.server.signature import Signer
 
     text = 'Sure.[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]'
-    fin = Finished("r", "stop", 10, 12, 0, text, (1,), {"tokens_by_segment": {}})
-    reply = lambda: ReplyStream(False, by_name("mistral"))
-    whole = openai_response.completion("m", fin, False, reply())
+    streamed = tuple(ReplyStream(False, by_name("mistral")).feed(text))  # a call without a close: held to the end
+    fin = Finished("r", "stop", 10, 12, 0, text, (1,), {"tokens_by_segment": {}},
+                   tuple(ReplyStream(False, by_name("mistral")).feed(text, final=True)))
+    whole = openai_response.completion("m", fin)
     assert whole["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read_file"
     assert whole["choices"][0]["finish_reason"] == "tool_calls"
-    stream = openai_response.ChatStream("m", False, reply())
-    chunks = stream.text(text) + stream.finish(fin, False)
+    stream = openai_response.ChatStream("m")
+    chunks = stream.tokens(Tokens("r", (1,), text, "content", streamed)) + stream.finish(fin, False)
     assert [c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] for c in chunks
             if c["choices"][0]["delta"].get("tool_calls") and "name" in c["choices"][0]["delta"]["tool_calls"][0].get(
                 "function", {})] == ["read_file"]
-    message = anthropic_map.message("m", fin, False, Signer(b"k" * 32), reply())
+    message = anthropic_map.message("m", fin, Signer(b"k" * 32))
     assert [b["name"] for b in message["content"] if b["type"] == "tool_use"] == ["read_file"]

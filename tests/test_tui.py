@@ -23,8 +23,15 @@ def _turn(rid: str, prompt: int, cached: int, text: str, drafted: list[int], acc
     return [Queued(rid, 0, SimpleNamespace(source=source, session="s", prompt_tokens=prompt)),
             Restored(rid, prompt, cached, "ram" if cached else "cold", "message" if cached else None, 650 if cached else 37,
                      entry_id="e_1" if cached else None),
-            FirstToken(rid, 0.125), Tokens(rid, (1,), text, "content"), DraftVerified(rid, 2, 1, "content"),
-            Finished(rid, "stop", prompt, 40, cached, text, (1,), stats.freeze())]
+            FirstToken(rid, 0.125), Tokens(rid, (1,), text, "content", _split(text)), DraftVerified(rid, 2, 1, "content"),
+            Finished(rid, "stop", prompt, 40, cached, text, (1,), stats.freeze(), _split(text))]
+
+
+def _split(text: str) -> tuple:
+    """The pieces the engine splits a reply into (one stream per request, engine/generation.py)."""
+    from mtplx.reply_stream import ReplyStream
+
+    return tuple(ReplyStream().feed(text, final=True))
 
 
 BANK = [{"id": "e_1", "session": "tui", "tokens": 740, "bytes": 3_100_000, "hits": 1, "checkpoints": [37, 620, 699],
@@ -634,7 +641,7 @@ def test_finished_reply_shows_tool_calls_and_the_clients_finish():
             app.chat.messages.append({"role": "user", "content": "open it"})
             chat.start_reply(after=chat.add_message("user", "open it"))
             turn = _turn("r1", 100, 0, text, [2], [1])
-            app.feed(turn[:-1] + [Finished("r1", "stop", 100, 40, 0, text, (1,), turn[-1].stats)])
+            app.feed(turn[:-1] + [Finished("r1", "stop", 100, 40, 0, text, (1,), turn[-1].stats, _split(text))])
             await pilot.pause()
             reply = chat.query_one(".reply")
             rendered = " ".join(str(w.render()) for w in reply.query("Static"))

@@ -107,7 +107,7 @@ class TurnRecord:
 
     entry: Entry
     chat: dict | None = None  # {"messages", "tools", "enable_thinking"} when the request was a chat
-    reply: dict | None = None  # the assistant message the reply parses to (chat.parse_reply)
+    reply: dict | None = None  # the assistant message the engine split the reply into
     sent_back: bool = False  # the client's next request carries this reply (ended by EOS or max_tokens)
 
 

@@ -17,7 +17,7 @@ _PROBE_A, _PROBE_B = "\u2063a", "\u2063b"  # two contents that differ only past 
 
 
 def variants(tokenizer, chat: dict, reply: dict, markers: Markers | None = None) -> list[list[int]]:
-    """`reply`: the assistant message the model's reply parses to (chat.parse_reply)."""
+    """`reply`: the assistant message the engine split the reply into (Finished.reply)."""
     base = list(chat["messages"]) + [reply]
     tools, thinking = chat.get("tools"), chat.get("enable_thinking")
     start_id = (markers or Markers.from_tokenizer(tokenizer)).turn_start

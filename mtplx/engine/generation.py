@@ -21,9 +21,8 @@ from mtplx.engine.speculation import Speculator
 from mtplx.engine.stats import GenerationStats
 from mtplx.engine.text_stream import TextStream
 from mtplx.events import DraftVerified, FirstToken, Finished, PrefillProgress, Restored, Tokens
+from mtplx.reply_stream import Piece, ReplyStream, message
 from mtplx.state.turn import CheckpointHook, StartPoint, TurnState  # noqa: F401  (StartPoint: callers import it here)
-
-
 
 
 class Generation:
@@ -43,6 +42,11 @@ class Generation:
         in_reasoning = tokenizer.decode(list(request.prompt[-4:])).rstrip().endswith("<think>")
         self.stream = TextStream(tokenizer, self.params.stop, in_reasoning)
         self.segments = SegmentTracker(tokenizer, start_in_reasoning=in_reasoning)
+        # The reply is split once, here (reasoning, content, tool calls in the model's format, typed by
+        # the request's tool schemas): events carry the pieces, no consumer parses the text again.
+        self.reply = ReplyStream(in_reasoning, getattr(runner.checkpoint, "tool_format", None),
+                                 (request.chat or {}).get("tools"))
+        self.pieces: list[Piece] = []
         self.stats = GenerationStats(mode="mtp" if self.use_mtp else "ar", depth=depth if self.use_mtp else 0,
                                      prompt_tokens=len(request.prompt))
         self.generated: list[int] = []
@@ -131,7 +135,7 @@ class Generation:
                 self.finish_reason = "length"
                 break
         if out or text:
-            yield Tokens(self.request.request_id, tuple(out), text, segment)
+            yield Tokens(self.request.request_id, tuple(out), text, segment, self._split(text))
 
     def decode(self, cancelled: Callable[[], bool]) -> Iterator:
         t0 = time.perf_counter()
@@ -209,11 +213,18 @@ class Generation:
         self.last_hidden_at_end = hidden[:, -1:, :]
         mx.eval(hidden)
 
+    def _split(self, text: str, final: bool = False) -> tuple[Piece, ...]:
+        pieces = tuple(self.reply.feed(text, final))
+        self.pieces.extend(pieces)
+        return pieces
+
     def finish(self) -> Finished:
         tail = "" if self.stream.stopped else self.stream.flush()
+        self._split(tail, final=True)  # the held-back end: in Finished.pieces only
         return Finished(
             self.request.request_id, self.finish_reason or "stop", len(self.request.prompt), len(self.generated),
             self.stats.cached_tokens, self.stream.text, tuple(self.generated), self.stats.freeze(),
+            tuple(self.pieces), message(self.pieces),
         ), tail
 
 

@@ -14,7 +14,6 @@ import threading
 
 from mtplx.events import EngineEvent, Failed, Finished, FirstToken, Queued, Restored, Tokens
 from mtplx.receipts.store import ReceiptStore
-from mtplx.reply_stream import ReplyStream
 
 
 def client_finish(finish_reason: str, tool_calls: int) -> str:
@@ -73,7 +72,7 @@ class ReceiptWriter:
             r = event.request
             if r is None or r.source == "render_ahead":
                 return
-            self.open[rid] = {"t0": event.t, "reply": ReplyStream(), "row": {
+            self.open[rid] = {"t0": event.t, "row": {
                 "id": receipt_id(), "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
                 "session": r.session, "source": r.source, "model": self.model, "model_identity": self.identity,
                 "arm": r.arm, "prompt_tokens": len(r.prompt), "request_id": rid, "request_json": self._body(r),
@@ -88,15 +87,14 @@ class ReceiptWriter:
                        anchor=event.anchor, shortfall=event.shortfall, entry_id=event.entry_id)
         elif isinstance(event, FirstToken):
             row["ttft_first_token_s"] = event.ttft_s
-        elif isinstance(event, Tokens):  # the whole reply: its tool calls decide the client's finish
-            if any(p.kind == "content" for p in state["reply"].feed(event.text)) and "ttft_first_visible_s" not in row:
+        elif isinstance(event, Tokens):  # the engine split the reply: the first content piece is visible
+            if any(p.kind == "content" for p in event.pieces) and "ttft_first_visible_s" not in row:
                 row["ttft_first_visible_s"] = event.t - state["t0"]
         elif isinstance(event, (Finished, Failed)):
             self.open.pop(rid)
             if isinstance(event, Finished):
                 s = event.stats
-                state["reply"].feed("", final=True)
-                finish = client_finish(event.finish_reason, state["reply"].tool_calls)
+                finish = client_finish(event.finish_reason, len(event.reply.get("tool_calls", [])))
                 row.update(completion_tokens=event.completion_tokens, finish_reason=finish,
                            output_sha256=hashlib.sha256(event.text.encode()).hexdigest(),
                            prefill_tps=s.prefill_tps, decode_tps=s.decode_tps, mode=s.mode,

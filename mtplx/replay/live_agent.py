@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtplx.chat import parse_reply, render
+from mtplx.chat import render
 
 
 @dataclass
@@ -36,10 +36,6 @@ class AgentSession:
             return None
         chat = {"messages": list(self.sent), "tools": self.tools}
         return render(tokenizer, self.sent, self.tools), chat
-
-    def reply(self, text: str) -> None:
-        """The model's raw output, turned into the message a client sends back."""
-        self.send_back(parse_reply(text))
 
     def send_back(self, message: dict) -> None:
         """An assistant message exactly as a server answered it (e.g. over HTTP)."""

@@ -1,12 +1,13 @@
-"""Engine events -> OpenAI chat completion objects and stream chunks. Pure mapping."""
+"""Engine events -> OpenAI chat completion objects and stream chunks. Pure mapping: the engine
+split the reply (Tokens.pieces, Finished.pieces); nothing here parses text."""
 
 from __future__ import annotations
 
 import time
 import uuid
 
-from mtplx.events import Finished
-from mtplx.reply_stream import Piece, ReplyStream
+from mtplx.events import Finished, Tokens
+from mtplx.reply_stream import Piece
 
 
 def usage(fin: Finished) -> dict:
@@ -26,13 +27,12 @@ def finish_reason(fin: Finished, tool_calls: int) -> str:
 class ChatStream:
     """Builds chunks for one streamed chat completion."""
 
-    def __init__(self, model: str, in_reasoning: bool, reply: ReplyStream | None = None):
-        """`reply`: a splitter for the model's tool-call format (default: `<tool_call>` JSON)."""
+    def __init__(self, model: str):
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = model
-        self.reply = reply or ReplyStream(in_reasoning)
         self.calls = 0
+        self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
 
     def _chunk(self, delta: dict, finish: str | None = None) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -41,8 +41,12 @@ class ChatStream:
     def first(self) -> dict:
         return self._chunk({"role": "assistant", "content": ""})
 
-    def text(self, text: str, final: bool = False) -> list[dict]:
-        return [c for p in self.reply.feed(text, final) for c in self._piece(p)]
+    def tokens(self, event: Tokens) -> list[dict]:
+        return self._pieces(event.pieces)
+
+    def _pieces(self, pieces) -> list[dict]:
+        self.fed += len(pieces)
+        return [c for p in pieces for c in self._piece(p)]
 
     def _piece(self, piece: Piece) -> list[dict]:
         if piece.kind == "reasoning":
@@ -56,7 +60,7 @@ class ChatStream:
                 self._chunk({"tool_calls": [{"index": index, "function": {"arguments": piece.arguments}}]})]
 
     def finish(self, fin: Finished, include_usage: bool) -> list[dict]:
-        out = self.text("", final=True)
+        out = self._pieces(fin.pieces[self.fed:])
         out.append(self._chunk({}, finish_reason(fin, self.calls)))
         if include_usage:
             out.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -64,10 +68,9 @@ class ChatStream:
         return out
 
 
-def completion(model: str, fin: Finished, in_reasoning: bool, reply: ReplyStream | None = None) -> dict:
+def completion(model: str, fin: Finished) -> dict:
     """A whole (non-streamed) chat completion."""
-    reply = reply or ReplyStream(in_reasoning)
-    pieces = reply.feed(fin.text, final=True)
+    pieces = fin.pieces
     content = "".join(p.text for p in pieces if p.kind == "content")
     reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
     calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
@@ -100,8 +103,8 @@ class TextCompletionStream:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
 
-    def text(self, text: str) -> list[dict]:
-        return [self._chunk(text)] if text else []
+    def tokens(self, event: Tokens) -> list[dict]:
+        return [self._chunk(event.text)] if event.text else []
 
     def finish(self, fin: Finished, include_usage: bool) -> list[dict]:
         out = [self._chunk("", "length" if fin.finish_reason == "length" else "stop")]

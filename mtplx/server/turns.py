@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import AsyncIterator
 
-from mtplx.chat import render
+from mtplx.chat import chat_request, render
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
 from mtplx.events import TERMINAL, EngineEvent
@@ -104,10 +104,13 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
     budget = fit(call.sampling, len(prompt), engine.context_window)
     rule = rules.rule(call.tool_choice, starts_in_reasoning(engine.checkpoint.tokenizer, prompt)) if rules and call.messages else None
     try:
-        request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, tool_rule=rule,
-                                    chat={"messages": call.messages, "tools": call.tools,
-                                          "enable_thinking": call.enable_thinking} if call.messages else None,
-                                    raw=raw.decode("utf-8", "replace") if raw else None)
+        text = raw.decode("utf-8", "replace") if raw else None
+        if call.messages:
+            request = chat_request(engine.checkpoint.tokenizer, call.messages, call.tools, sampling=budget.sampling,
+                                   enable_thinking=call.enable_thinking, prompt=prompt, session=session, source=source,
+                                   tool_rule=rule, raw=text)
+        else:  # a text completion: a prompt, no chat
+            request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text)
         sub = engine.submit(request)
     except RequestError as exc:
         raise bad_request(str(exc), "messages", "context_length_exceeded" if "context window" in str(exc) else None) from None

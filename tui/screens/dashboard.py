@@ -147,10 +147,9 @@ class Dashboard(Screen):
             status.update("failed")
 
     def finished(self, event: Finished, ours: bool, status: Static) -> None:
-        from mtplx.chat import parse_reply
         from mtplx.receipts.writer import client_finish
 
-        finish = client_finish(event.finish_reason, len(parse_reply(event.text).get("tool_calls", [])))
+        finish = client_finish(event.finish_reason, len(event.reply.get("tool_calls", [])))
         restored = self.query_one(TurnTable).restores.get(event.request_id)
         entry = self.known.get(restored.entry_id) if restored and restored.entry_id else None
         record = self.query_one(TurnTable).add_turn(event, finish, entry)

@@ -94,8 +94,7 @@ class ReplayScreen(Screen):
 
     @work(thread=True, exclusive=True)
     def send(self, first: int, count: int) -> None:
-        from mtplx.chat import render
-        from mtplx.engine.request import GenerationRequest
+        from mtplx.chat import chat_request
         from mtplx.engine.sampling import SamplingParams
 
         from mtplx.replay.run import ceilings
@@ -106,10 +105,9 @@ class ReplayScreen(Screen):
         for i in range(first, first + count):
             turn = self.transcript.turns[i]
             body = turn.body
-            prompt = render(engine.checkpoint.tokenizer, body["messages"], body.get("tools"))
-            request = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=body.get("max_tokens", 64)),
-                                        session=f"replay-{self.transcript.name}-{turn.session}", source="replay",
-                                        chat={"messages": body["messages"], "tools": body.get("tools")})
+            request = chat_request(engine.checkpoint.tokenizer, body["messages"], body.get("tools"),
+                                   sampling=SamplingParams(max_tokens=body.get("max_tokens", 64)),
+                                   session=f"replay-{self.transcript.name}-{turn.session}", source="replay")
             restored = finished = None
             for event in engine.submit(request):
                 kind = type(event).__name__

@@ -21,7 +21,7 @@ def label(role: str, note: str = "") -> str:
 
 
 class ReplyBlock(Vertical):
-    """A finished assistant message (parse_reply's shape) and the finish reason the client saw."""
+    """A finished assistant message (Finished.reply: reply_stream.message's shape) and the finish reason the client saw."""
 
     def __init__(self, message: dict, finish: str):
         super().__init__(classes="msg assistant reply")

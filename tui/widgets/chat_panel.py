@@ -71,8 +71,7 @@ class ChatPanel(Vertical):
             self.send(text, self.view.add_message("user", text))
 
     def send(self, text: str, block: Static) -> None:
-        from mtplx.chat import render
-        from mtplx.engine.request import GenerationRequest
+        from mtplx.chat import chat_request
         from mtplx.engine.sampling import SamplingParams
 
         self.busy = True
@@ -80,9 +79,8 @@ class ChatPanel(Vertical):
         self.view.mark_sent(block)
         self.view.start_reply(after=block)
         engine = self.app.engine
-        prompt = render(engine.checkpoint.tokenizer, self.messages)
-        request = GenerationRequest(tuple(prompt), SamplingParams(max_tokens=self.app.max_tokens), session=self.session,
-                                    source="tui", chat={"messages": list(self.messages), "tools": None})
+        request = chat_request(engine.checkpoint.tokenizer, self.messages,
+                               sampling=SamplingParams(max_tokens=self.app.max_tokens), session=self.session, source="tui")
         self.request_id = request.request_id  # set before submit: its first event may arrive at once
         self.generate(request)
 
@@ -105,12 +103,11 @@ class ChatPanel(Vertical):
             self.ended(event, event.message if isinstance(event, Failed) else None)
 
     def ended(self, finished: Finished | None, error: str | None) -> None:
-        from mtplx.chat import parse_reply
         from mtplx.receipts.writer import client_finish
 
         self.request_id, self._submission = None, None
         if finished is not None and isinstance(finished, Finished) and finished.finish_reason != "cancelled":
-            reply = parse_reply(finished.text)
+            reply = finished.reply  # split once by the engine, as the server sends it
             self.messages.append(reply)
             self.view.finish_reply(reply, client_finish(finished.finish_reason, len(reply.get("tool_calls", []))))
         else:  # the user message stays on screen, but leaves the history (it was never answered)
