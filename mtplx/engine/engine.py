@@ -2,9 +2,13 @@
 
 Callers `submit` a GenerationRequest and read its events from the returned Submission (a
 queue); `cancel` sets a flag the step loop checks every step. Requests wait in one queue per
-session and sessions are served round-robin, so one agent's burst cannot starve another.
-Every event is also handed to the engine's listeners (receipt writer, metrics, TUI), which must
-return quickly.
+session and are admitted round-robin across sessions, so one agent's burst cannot starve another;
+admitted requests run together under the scheduler (scheduler.py: prefill chunks interleaved,
+one batched decode step for every running sequence). Every event is also handed to the engine's
+listeners (receipt writer, metrics, TUI), which must return quickly.
+
+The bank is consulted in two places only: `_begin` (plan: where the request starts) and
+`_finish` (commit: what the turn computed).
 """
 
 from __future__ import annotations
@@ -31,8 +35,14 @@ class EngineConfig:
     use_mtp: bool = True
     depth: int = 2
     context_window: int | None = None  # None: the model's max_position_embeddings
+    max_batch: int = 8  # requests admitted at once (prefilling or decoding)
+    memory_budget: int | None = None  # KV bytes admitted requests may reserve; None: a quarter of RAM
 
     def __post_init__(self):
+        if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
+            raise ValueError(f"max_batch must be an integer >= 1, got {self.max_batch!r}")
+        if self.memory_budget is not None and not (isinstance(self.memory_budget, int) and self.memory_budget > 0):
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {self.memory_budget!r}")
         if not (isinstance(self.chunk_size, int) and self.chunk_size >= 16):
             raise ValueError(f"chunk_size must be an integer >= 16, got {self.chunk_size!r}")
         if not (isinstance(self.depth, int) and 1 <= self.depth <= 4):
@@ -68,7 +78,8 @@ class Submission:
         return last
 
 
-_IDLE = object()  # _next's answer when no request waits but idle work does
+_IDLE = object()  # _next's answer when no request waits or runs but idle work does
+_STEP = object()  # _next's answer when admitted requests have work and nothing else can start
 
 
 @dataclass
@@ -98,9 +109,8 @@ class Engine:
         self._stopping = False
         self._load_error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self.checkpoint = self.runner = None
-        self.busy: str | None = None  # request id being served
-        self._current: Submission | None = None
+        self.checkpoint = self.runner = self.scheduler = None
+        self._active: dict[str, Submission] = {}  # admitted and not yet finished (guarded by _lock)
         self.died: str | None = None  # why the engine thread ended unexpectedly (None while healthy)
         self.ssd_error: str | None = None  # why the SSD tier could not be opened, if it could not
 
@@ -122,9 +132,8 @@ class Engine:
         """Cancel what runs and what waits: each ends within one prefill chunk or decode step with
         a normal Finished("cancelled"), so streams close properly (a server shutting down)."""
         with self._lock:
-            waiting = [s for q in self._queues.values() for s in q if isinstance(s, Submission)]
-            current = self._current
-        for sub in waiting + ([current] if current is not None else []):
+            subs = [s for q in self._queues.values() for s in q if isinstance(s, Submission)] + list(self._active.values())
+        for sub in subs:
             sub.cancel()
 
     def stop(self, timeout: float = 30) -> None:
@@ -153,6 +162,12 @@ class Engine:
         return out
 
     @property
+    def busy(self) -> str | None:
+        """The request whose work runs now, else any admitted one; None when none is admitted."""
+        current = self.scheduler.current if self.scheduler is not None else None
+        return current or next(iter(list(self._active)), None)
+
+    @property
     def context_window(self) -> int:
         return self.config.context_window or int(self.model_config.get("max_position_embeddings", 32768))
 
@@ -177,7 +192,7 @@ class Engine:
         with self._lock:
             session = request.session or request.request_id
             self._queues.setdefault(session, deque()).append(sub)
-            ahead = sum(len(q) for q in self._queues.values()) - 1 + (1 if self.busy else 0)
+            ahead = sum(len(q) for q in self._queues.values()) - 1 + len(self._active)
             self._lock.notify_all()
         self._publish(sub, Queued(request.request_id, ahead, request))
         return sub
@@ -202,21 +217,39 @@ class Engine:
         while self.bank is not None and self.call(lambda: self.bank_executor.has_idle_work):
             pass
 
-    def _next(self) -> Submission | None:
+    def _next(self):
+        """What the thread does next: a queued call, or the next request to admit (round-robin
+        across sessions, and only while the scheduler has room); _STEP when what is admitted has
+        work and nothing more can start; _IDLE when only idle work waits; None to end."""
         with self._lock:
-            while not self._stopping and not self._queues:
+            while not self._stopping and not self._queues and not self._stepping:
                 if self.bank is not None and self.bank_executor.has_idle_work:
                     return _IDLE
                 # Idle work that waits (an SSD retry back-off) wakes the thread when it is due.
                 self._lock.wait(self.bank.idle_wait if self.bank is not None else None)
-            if self._stopping:
-                return None
-            session, pending = next(iter(self._queues.items()))
+            if self._stopping:  # what runs finishes its cancellation; nothing new starts
+                return _STEP if self._stepping else None
+            if calls := self._queues.get("__call__"):
+                call = calls.popleft()
+                if not calls:
+                    del self._queues["__call__"]
+                return call
+            session, pending = next(iter(self._queues.items()), (None, None))
+            if pending is None or (self.scheduler is not None and not self.scheduler.can_admit(self._cost(pending[0].request))):
+                return _STEP
             sub = pending.popleft()
             del self._queues[session]
             if pending:  # round-robin: the session goes to the back of the line
                 self._queues[session] = pending
             return sub
+
+    @property
+    def _stepping(self) -> bool:
+        return self.scheduler is not None and self.scheduler.has_work
+
+    def _cost(self, request: GenerationRequest) -> int:
+        """The KV bytes a request may come to hold (its prompt and every token it may generate)."""
+        return (len(request.prompt) + request.sampling.max_tokens) * self._kv_per_token
 
     def _publish(self, sub: Submission, event: EngineEvent) -> None:
         # Listeners first: once a submitter sees its Finished event, the receipt is written.
@@ -240,6 +273,7 @@ class Engine:
             self.checkpoint = load_checkpoint(self.model_path, self.name)
             self.runner = ModelRunner(self.checkpoint)
             self.eos_ids = set(self.checkpoint.tokenizer.eos_token_ids)
+            self._start_scheduler()
             if self.bank_config is not None:
                 from mtplx.bank.bank import SessionBank
                 from mtplx.engine.bank_executor import BankExecutor
@@ -266,8 +300,8 @@ class Engine:
             return
         self._ready.set()
         try:
-            while (sub := self._next()) is not None:
-                self._step(sub)
+            while (work := self._next()) is not None:
+                self._step(work)
         except BaseException as exc:  # only a bug gets here: say so everywhere, never hang a caller
             self.died = f"{type(exc).__name__}: {exc}"
             log.critical("the engine thread died: %s", self.died, exc_info=True)
@@ -282,9 +316,20 @@ class Engine:
                 log.exception("flushing the bank to SSD failed")
         self._release_streams()
 
-    def _step(self, sub) -> None:
-        """One unit of work. An exception fails at most that request or that background job."""
-        if sub is _IDLE:  # idle work (render-ahead, SSD writes) runs one chunk, then requests come first
+    def _start_scheduler(self) -> None:
+        import os
+
+        from mtplx.engine.scheduler import Scheduler, kv_bytes_per_token
+
+        itemsize = self.runner.embedding.weight.dtype.size
+        self._kv_per_token = kv_bytes_per_token(self.model_config, itemsize, self.has_mtp)
+        budget = self.config.memory_budget or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+        self.scheduler = Scheduler(self.runner, self.config.chunk_size, self.config.max_batch, budget,
+                                   lambda seq, event: self._publish(seq.sub, event), self._finish)
+
+    def _step(self, work) -> None:
+        """One unit of work. An exception fails at most the requests of that step or that background job."""
+        if work is _IDLE:  # idle work (render-ahead, SSD writes) runs one chunk, then requests come first
             try:
                 self.bank_executor.idle_step()
             except Exception as exc:
@@ -292,19 +337,25 @@ class Engine:
                 self.bank_executor.jobs.clear()
                 self._broadcast(BankDecision(None, "idle_failed", f"{type(exc).__name__}: {exc}"))
             return
-        if isinstance(sub, _Call):
-            sub.run()
+        if isinstance(work, _Call):
+            work.run()
             return
-        self.busy, self._current = sub.request.request_id, sub
-        self._serve(sub)  # catches every Exception; what escapes kills the thread and _fail_all needs _current
-        self.busy, self._current = None, None
+        if isinstance(work, Submission):
+            with self._lock:  # active from here: a crash from now on fails it too (_fail_all)
+                self._active[work.request.request_id] = work
+            self._begin(work)  # one admission per step, then the step
+        if self.scheduler.has_work:
+            self.scheduler.step()
 
     def _fail_all(self, message: str, kind: str) -> None:
         with self._lock:
             waiting = [s for q in self._queues.values() for s in q]
             self._queues.clear()
-        current = self._current
-        for sub in waiting + ([current] if current is not None else []):
+            active = list(self._active.values())
+            self._active.clear()
+        if self.scheduler is not None:
+            self.scheduler.drop_all()
+        for sub in waiting + active:
             if isinstance(sub, _Call):
                 sub.done.put((False, EngineStopped(message)))
             else:
@@ -322,28 +373,56 @@ class Engine:
     def _cancelled(self, sub: Submission) -> Callable[[], bool]:
         return lambda: sub.cancelled.is_set() or self._stopping
 
-    def _serve(self, sub: Submission) -> None:
-        from mtplx.engine.generation import Generation, StartPoint, events
+    # -- a request's start and end: the only places that consult the bank ------------------------
+    def _begin(self, sub: Submission) -> None:
+        """Admit a request: plan where it starts (the bank's restore) and hand it to the scheduler."""
+        from mtplx.engine.generation import Generation, StartPoint
+        from mtplx.engine.scheduler import Sequence
 
         request = sub.request
         if sub.cancelled.is_set():
+            with self._lock:
+                self._active.pop(request.request_id, None)
             self._publish(sub, Finished(request.request_id, "cancelled", len(request.prompt), 0, 0, "", (), {}))
             return
+        self.scheduler.current = request.request_id
         try:
             use_mtp = self.config.use_mtp if request.use_mtp is None else request.use_mtp
             gen = Generation(self.runner, request, use_mtp=use_mtp, depth=request.depth or self.config.depth,
                              chunk_size=self.config.chunk_size, eos_ids=self.eos_ids, submitted_at=sub.submitted_at)
-            banked = self.bank_executor.begin(request, gen.use_mtp) if self.bank else None
-            start, checkpoints, hook = (banked.start, banked.checkpoints, banked.capture) if banked else (StartPoint(), (), None)
-            for event in events(gen, start, self._cancelled(sub), checkpoints, hook):
-                self._publish(sub, event)
-            if banked:
-                try:
-                    self.bank_executor.commit(banked, gen, event)
-                except Exception:  # the turn was served; a failed commit only costs a future restore
-                    log.exception("bank commit failed for %s", request.request_id)
-        except RequestError as exc:
-            self._publish(sub, Failed(request.request_id, str(exc), "invalid_request"))
+            seq = Sequence(sub, gen, None, self._cost(request))
+            if self.bank:
+                turn = seq.bank_turn = self.bank_executor.begin(request, gen.use_mtp)
+                start, checkpoints, hook = turn.start, turn.checkpoints, turn.capture
+            else:
+                start, checkpoints, hook = StartPoint(), (), None
+            seq.prefill = gen.prefill(start, checkpoints, hook, self._cancelled(sub))
         except Exception as exc:
-            log.exception("request %s failed", request.request_id)
-            self._publish(sub, Failed(request.request_id, f"internal error in request {request.request_id}: {type(exc).__name__}", "internal"))
+            with self._lock:
+                self._active.pop(request.request_id, None)
+            if isinstance(exc, RequestError):
+                self._publish(sub, Failed(request.request_id, str(exc), "invalid_request"))
+            else:
+                log.exception("request %s failed", request.request_id)
+                self._publish(sub, Failed(request.request_id, f"internal error in request {request.request_id}: {type(exc).__name__}", "internal"))
+            return
+        self.scheduler.admit(seq)
+
+    def _finish(self, seq) -> None:
+        """A sequence ended (stop, length, cancelled): its last events, then the bank's commit."""
+        from mtplx.events import Tokens
+
+        gen, request = seq.gen, seq.sub.request
+        try:
+            finished, tail = gen.finish()
+            if tail:
+                self._publish(seq.sub, Tokens(request.request_id, (), tail, gen.segments.current))
+            self._publish(seq.sub, finished)
+        finally:
+            with self._lock:
+                self._active.pop(request.request_id, None)
+        if self.bank:
+            try:
+                self.bank_executor.commit(seq.bank_turn, gen, finished)
+            except Exception:  # the turn was served; a failed commit only costs a future restore
+                log.exception("bank commit failed for %s", request.request_id)

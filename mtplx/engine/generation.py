@@ -56,6 +56,8 @@ class Generation:
         self.stop_token: int | None = None  # the end-of-sequence token that ended the turn
         self.last_hidden_at_end = None  # hidden at the cache's last position, after feed_tail
         self.prefill_cut: int | None = None  # where a cancelled prefill stopped (its state is kept)
+        self.last: int | None = None  # generated, not yet fed to the trunk (AR decoding)
+        self._t0 = 0.0  # when decoding began (perf_counter)
 
     # -- prefill ----------------------------------------------------------------------------
     def _chunk_ends(self, start: int, end: int, checkpoints: tuple[int, ...]) -> list[int]:
@@ -138,8 +140,20 @@ class Generation:
             yield Tokens(self.request.request_id, tuple(out), text, segment, self._split(text))
 
     def decode(self, cancelled: Callable[[], bool]) -> Iterator:
-        t0 = time.perf_counter()
-        first = self._pick(self.runner.logits(self.last_hidden)[0, -1])
+        """The whole decode alone: the first token, then one round (or AR step) at a time."""
+        yield from self.first_token()
+        while self.finish_reason is None:
+            if cancelled():
+                self.finish_reason = "cancelled"
+                break
+            yield from self.step()
+        self.end_decode()
+
+    def first_token(self) -> Iterator:
+        """Sample the first token from the prefill's last hidden, then ready the decode state
+        (the speculator, or the last token for AR steps)."""
+        self._t0 = time.perf_counter()
+        first = self.pick(self.runner.logits(self.last_hidden)[0, -1])
         self.stats.ttft_s = time.monotonic() - self.submitted_at
         yield FirstToken(self.request.request_id, self.stats.ttft_s)
         yield from self._emit([first])
@@ -149,28 +163,36 @@ class Generation:
             t = time.perf_counter()
             mx.eval(self.state.mtp.state)
             self.stats.mtp_prefill_s = time.perf_counter() - t
-            t0 += self.stats.mtp_prefill_s
-        speculator = None
+            self._t0 += self.stats.mtp_prefill_s
         if self.use_mtp:
-            speculator = Speculator(self.runner, self.sampler, self.state, self.last_hidden, first, self.stats, self.eos_ids,
-                                    self._ruled if self.request.tool_rule else None)
-        self.speculator = speculator
-        last = first
-        while self.finish_reason is None:
-            if cancelled():
-                self.finish_reason = "cancelled"
-                break
-            if speculator is not None:
-                budget = self.params.max_tokens - len(self.generated)
-                new, drafts, accepted = speculator.round(min(self.depth, max(1, budget - 1)))
-                segments = self._segments_of(drafts)
-                yield DraftVerified(self.request.request_id, len(drafts), accepted, segments[0])
-                self.stats.record_verify(segments, accepted)
-            else:
-                new = [self._ar_step(last)]
-            yield from self._emit(new)
-            last = new[-1]
-        self.stats.decode_s = time.perf_counter() - t0
+            self.speculator = Speculator(self.runner, self.sampler, self.state, self.last_hidden, first, self.stats,
+                                         self.eos_ids, self._ruled if self.request.tool_rule else None)
+        self.last = first
+
+    def draft_budget(self) -> int:
+        """How many tokens this row may draft in the next round (never past max_tokens)."""
+        return min(self.depth, max(1, self.params.max_tokens - len(self.generated) - 1))
+
+    def step(self) -> Iterator:
+        """One decode step of this sequence alone: an MTP round or one AR token."""
+        if self.speculator is not None:
+            yield from self.take_round(*self.speculator.round(self.draft_budget()))
+        else:
+            yield from self.take_tokens([self._ar_step(self.last)])
+
+    def take_round(self, new: list[int], drafts: list[int], accepted: int) -> Iterator:
+        """The events of one verify round (alone or as one row of a batch)."""
+        segments = self._segments_of(drafts)
+        yield DraftVerified(self.request.request_id, len(drafts), accepted, segments[0])
+        self.stats.record_verify(segments, accepted)
+        yield from self.take_tokens(new)
+
+    def take_tokens(self, new: list[int]) -> Iterator:
+        yield from self._emit(new)
+        self.last = new[-1]
+
+    def end_decode(self) -> None:
+        self.stats.decode_s = time.perf_counter() - self._t0
         self.stats.completion_tokens = len(self.generated)
 
     def _segments_of(self, drafts: list[int]) -> list[str]:
@@ -178,7 +200,7 @@ class Generation:
         probe = copy.copy(self.segments)
         return [probe.segment_of(token) for token in drafts]
 
-    def _pick(self, logits: mx.array) -> int:
+    def pick(self, logits: mx.array) -> int:
         t = time.perf_counter()
         if self.params.repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, list(self.request.prompt) + self.generated, self.params.repetition_penalty)
@@ -197,7 +219,7 @@ class Generation:
         self.stats.verify_s += time.perf_counter() - t
         self.state.tokens.append(last)
         self.state.length += 1
-        return self._pick(logits)
+        return self.pick(logits)
 
     def feed_tail(self, tokens: list[int]) -> None:
         """After decoding: feed tokens that were sampled but never fed (the last one, EOS), and

@@ -1,0 +1,153 @@
+"""Several sessions at once vs one alone, on the embedded models (MTP on, greedy).
+
+    python bench/concurrency.py [--models tiny-dense tiny-hybrid] [--sessions 4] [--tokens 128] [--runs 3]
+
+Per model:
+- aggregate decode tok/s of N sessions streaming at once vs one session alone (tokens after each
+  first token, over the span from the first FirstToken to the last Finished), and the ratio;
+- TTFT of a short request submitted while a long one streams vs the same request alone;
+- greedy outputs of the N sessions run together vs each alone, token for token;
+- what moving rows in and out of a batch costs (merge + release of N rows) next to one batched
+  MTP round over the same rows.
+Runs alternate alone / together and report medians: the machine is shared, its load varies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtplx.catalog import resolve  # noqa: E402
+from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
+from mtplx.engine.request import GenerationRequest  # noqa: E402
+from mtplx.engine.sampling import SamplingParams  # noqa: E402
+from mtplx.events import Finished, FirstToken  # noqa: E402
+
+TOPICS = ["Explain src/ledger/events.py and how the replay uses it", "List the tests of the parser module",
+          "Why does the build fail on the release branch?", "Rename the helper in utils and update every caller",
+          "Write a docstring for the scheduler's step function", "What does the bank keep between turns?",
+          "Summarise the last three commits", "Find the slowest test and explain why it is slow"]
+
+
+def prompts(engine: Engine, n: int) -> list[tuple[int, ...]]:
+    tok = engine.checkpoint.tokenizer
+    return [tuple(tok.apply_chat_template([{"role": "user", "content": TOPICS[i % len(TOPICS)] + " " * (i // len(TOPICS))}],
+                                          add_generation_prompt=True)) for i in range(n)]
+
+
+def run(engine: Engine, batch: list[tuple[int, ...]], tokens: int) -> tuple[float, list[tuple[int, ...]]]:
+    """Submit all at once; aggregate decode tok/s and each request's tokens."""
+    marks: dict[str, list] = {}
+    listener = lambda e: marks.setdefault(e.request_id, []).append(e) if isinstance(e, (FirstToken, Finished)) else None
+    engine.listeners.append(listener)
+    try:
+        subs = [engine.submit(GenerationRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True), session=f"s{i}"))
+                for i, p in enumerate(batch)]
+        done = [s.result() for s in subs]
+    finally:
+        engine.listeners.remove(listener)
+    first = min(e.t for s in subs for e in marks[s.request.request_id] if isinstance(e, FirstToken))
+    last = max(d.t for d in done)
+    return sum(d.completion_tokens - 1 for d in done) / (last - first), [d.token_ids for d in done]
+
+
+def ttft_under_load(engine: Engine, long: tuple[int, ...], short: tuple[int, ...], tokens: int) -> tuple[float, float]:
+    """TTFT of `short` alone, then while `long` streams (submitted once long's first token is out)."""
+    alone = engine.submit(GenerationRequest(short, SamplingParams(max_tokens=4), session="short")).result().stats
+    alone_ttft = _ttft(alone)
+    streaming = engine.submit(GenerationRequest(long, SamplingParams(max_tokens=tokens, ignore_eos=True), session="long"))
+    for event in streaming:
+        if isinstance(event, FirstToken):
+            break
+    time.sleep(0.05)  # well inside its decode
+    loaded = _ttft(engine.submit(GenerationRequest(short, SamplingParams(max_tokens=4), session="short")).result().stats)
+    streaming.result()
+    return alone_ttft, loaded
+
+
+def _ttft(stats) -> float:
+    return stats["ttft_s"] if isinstance(stats, dict) else stats.ttft_s
+
+
+def copy_cost(engine: Engine, batch: list[tuple[int, ...]]) -> tuple[float, float, int]:
+    """(merge + release ms, one batched MTP round ms, context tokens) for len(batch) rows."""
+    from mtplx.engine.batch import DecodeBatch
+    from mtplx.engine.generation import Generation, StartPoint
+
+    def measure():
+        gens = []
+        for p in batch:
+            gen = Generation(engine.runner, GenerationRequest(p * 4, SamplingParams(max_tokens=64, ignore_eos=True)),
+                             use_mtp=True, depth=engine.config.depth, chunk_size=engine.config.chunk_size,
+                             eos_ids=engine.eos_ids, submitted_at=0.0)
+            for _ in gen.prefill(StartPoint(), (), None):
+                pass
+            list(gen.first_token())
+            gens.append(gen)
+        moves, rounds = [], []
+        for _ in range(5):
+            t = time.perf_counter()
+            b = DecodeBatch(engine.runner, gens)
+            b.release()
+            moves.append(time.perf_counter() - t)
+        b = DecodeBatch(engine.runner, gens)
+        for _ in range(5):
+            t = time.perf_counter()
+            for gen, result in zip(gens, b.step()):
+                list(gen.take_round(*result))
+            rounds.append(time.perf_counter() - t)
+        b.release()
+        return statistics.median(moves) * 1e3, statistics.median(rounds) * 1e3, gens[0].state.length
+
+    return engine.call(measure)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["tiny-dense", "tiny-hybrid"])
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    rows = []
+    for name in args.models:
+        engine = Engine(resolve(name), EngineConfig(use_mtp=True), name=name).start()
+        try:
+            batch = prompts(engine, args.sessions)
+            run(engine, batch[:1], 16)  # warm up
+            alone_tps, together_tps, ratios, ttfts = [], [], [], []
+            equal = total = 0
+            for r in range(args.runs):
+                singles = [run(engine, [p], args.tokens) for p in batch]
+                alone = statistics.median(s[0] for s in singles)
+                together, outs = run(engine, batch, args.tokens)
+                alone_tps.append(alone)
+                together_tps.append(together)
+                ratios.append(together / alone)
+                equal += sum(o == s[1][0] for o, s in zip(outs, singles))
+                total += len(batch)
+                ttfts.append(ttft_under_load(engine, batch[0], batch[1], args.tokens * 2))
+            move_ms, round_ms, context = copy_cost(engine, batch)
+            alone_ttft = statistics.median(a for a, _ in ttfts)
+            loaded_ttft = statistics.median(b for _, b in ttfts)
+            rows.append((name, statistics.median(alone_tps), statistics.median(together_tps), statistics.median(ratios),
+                         alone_ttft * 1e3, loaded_ttft * 1e3, loaded_ttft / alone_ttft, equal, total, move_ms, round_ms, context))
+        finally:
+            engine.stop()
+    n = args.sessions
+    print(f"\n{n} sessions at once vs one alone: MTP on, greedy, {args.tokens} tokens each, median of {args.runs} runs\n")
+    print(f"{'model':<12} {'alone tok/s':>11} {f'{n} at once':>11} {'ratio':>6} | {'TTFT alone':>10} {'streaming':>10} "
+          f"{'ratio':>6} | {'batch == alone':>14} | {'merge+release':>13} {'1 round':>8} {'ctx':>5}")
+    for name, a, t, r, ta, tl, tr, eq, tot, mv, rd, ctx in rows:
+        print(f"{name:<12} {a:>11.1f} {t:>11.1f} {r:>5.2f}x | {ta:>8.1f}ms {tl:>8.1f}ms {tr:>5.2f}x | {eq:>6}/{tot:<7} | "
+              f"{mv:>10.1f}ms {rd:>6.1f}ms {ctx:>5}")
+    print("\ntargets: ratio >= 2.5x, TTFT streaming/alone <= 1.5x, batch == alone on every request")
+
+
+if __name__ == "__main__":
+    main()

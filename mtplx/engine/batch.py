@@ -1,0 +1,179 @@
+"""Several sequences decoding together: one batched forward per step, every row its own request.
+
+A DecodeBatch holds the running Generations of one mode (MTP or AR) with their caches merged
+(batch_cache). An MTP round drafts for every row at once (the MTP head runs batched: the first
+draft step takes each row's pending pairs, right-padded, then one token per row per step), runs
+one verify over k + 1 tokens per row, and accepts per row with that row's own sampler and tool
+rule, so a row keeps exactly what it would keep alone. Rollback is per row: attention rows are
+cut to their kept length, recurrent rows take the state the verify captured there.
+
+Rows differ in how many drafts they may take (depth, the tokens left before max_tokens): the
+batch drafts k = the largest, and a row allowed k_b < k pads its chain with token 0 and judges
+only its first k_b drafts; the padding is rolled back like any rejected draft.
+
+The batch knows arrays, samplers and caches, never events, queues or the bank.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+
+from mtplx.engine import batch_cache, cache_state
+from mtplx.engine.batch_cache import RaggedKVCache
+from mtplx.engine.generation import Generation
+from mtplx.engine.sampling import probabilities
+from mtplx.engine.speculation import accept_drafts
+
+
+class DecodeBatch:
+    def __init__(self, runner, gens: list[Generation]):
+        self.runner, self.gens = runner, list(gens)
+        self.mtp_mode = gens[0].speculator is not None
+        self.trunk = batch_cache.merge([g.state.trunk for g in gens])
+        self.mtp = RaggedKVCache.from_rows([g.state.mtp for g in gens]) if self.mtp_mode else None
+
+    def release(self) -> None:
+        """Hand every row its caches back as one-sequence caches (the batch is done with them)."""
+        rows = batch_cache.split(self.trunk, len(self.gens))
+        for b, (gen, trunk) in enumerate(zip(self.gens, rows)):
+            gen.state.trunk = trunk
+            if self.mtp is not None:
+                gen.state.mtp = self.mtp.row(b)
+        mx.eval([a for g in self.gens for c in g.state.trunk for a in _arrays(c)] +
+                [a for g in self.gens if self.mtp is not None for a in _arrays(g.state.mtp)])
+        self.trunk = self.mtp = None
+
+    def step(self) -> list[tuple]:
+        """One step for every row: [(new tokens, drafts, accepted)] (drafts empty for AR rows)."""
+        return self._round() if self.mtp_mode else self._ar_step()
+
+    # -- autoregressive ---------------------------------------------------------------------
+    def _ar_step(self) -> list[tuple]:
+        t = time.perf_counter()
+        hidden = self.runner.inner(mx.array([[g.last] for g in self.gens]), cache=self.trunk)
+        logits = self.runner.logits(hidden)[:, -1]
+        mx.eval(logits)
+        elapsed = time.perf_counter() - t
+        plain = [b for b, g in enumerate(self.gens) if _plain_greedy(g)]
+        argmax = dict(zip(plain, mx.argmax(logits[mx.array(plain)], axis=-1).tolist())) if plain else {}
+        out = []
+        for b, gen in enumerate(self.gens):
+            gen.stats.verify_s += elapsed
+            gen.state.tokens.append(gen.last)
+            gen.state.length += 1
+            out.append(([argmax[b] if b in argmax else gen.pick(logits[b])], [], 0))
+        return out
+
+    # -- MTP --------------------------------------------------------------------------------
+    def _round(self) -> list[tuple]:
+        runner, gens = self.runner, self.gens
+        specs = [g.speculator for g in gens]
+        ks = [g.draft_budget() for g in gens]
+        k = max(ks)
+        t0 = time.perf_counter()
+        drafts, dists = self._draft(specs, ks, k)
+        t1 = time.perf_counter()
+        fed = [[s.last] + d for s, d in zip(specs, drafts)]
+        cache_state.set_capture(self.trunk, True)
+        hidden = runner.inner(mx.array(fed), cache=self.trunk)
+        logits = runner.logits(hidden)
+        rows = [logits[b] if s.shape is None else mx.stack([s.shape(logits[b, i], drafts[b][:i]) for i in range(k + 1)])
+                for b, s in enumerate(specs)]
+        if any(s.shape is not None for s in specs):
+            logits = mx.stack(rows)
+        mx.eval(logits)
+        t2 = time.perf_counter()
+        targets = mx.argmax(logits, axis=-1).tolist() if any(s.params.greedy for s in specs) else None
+        results, kept = [], []
+        for b, (spec, kb) in enumerate(zip(specs, ks)):
+            mine = drafts[b][:kb]
+            if spec.params.greedy:
+                accepted = 0
+                while accepted < kb and mine[accepted] == targets[b][accepted]:
+                    accepted += 1
+                extra = targets[b][accepted]
+            else:
+                accepted, extra = accept_drafts(logits[b, : kb + 1], mine, dists[b][:kb], spec.sampler)
+            # Nothing after an end-of-sequence token is kept: the cache must end where the turn did.
+            eos_at = next((i for i, d in enumerate(mine[:accepted]) if d in spec.eos_ids), None)
+            if eos_at is not None:
+                accepted, extra = eos_at, mine[eos_at]
+            kept.append(accepted + 1)
+            results.append((mine[:accepted] + [extra], mine, accepted))
+        t3 = time.perf_counter()
+        batch_cache.keep_rows(self.trunk, k + 1, kept)
+        cache_state.set_capture(self.trunk, False)
+        self.mtp.trim(k - 1)  # the speculative MTP entries of draft steps 2..k, in every row
+        for b, (spec, n) in enumerate(zip(specs, kept)):
+            spec.state.tokens.extend(fed[b][:n])
+            spec.state.length += n
+            spec.pending_hidden = hidden[b : b + 1, :n, :]
+            spec.pending_tokens = results[b][0]
+            spec.last = results[b][0][-1]
+            spec.stats.draft_s += t1 - t0
+            spec.stats.verify_s += t2 - t1
+            spec.stats.sample_s += t3 - t2
+        return results
+
+    def _draft(self, specs, ks: list[int], k: int) -> tuple[list[list[int]], list[list]]:
+        runner, B = self.runner, len(specs)
+        # Each row's pending (hidden, next token) pairs join the MTP history; rows have 1..k+1 of
+        # them, so the shorter rows are right-padded and cut back after the forward.
+        counts = [len(s.pending_tokens) for s in specs]
+        P = max(counts)
+        hidden = mx.concatenate([_pad(s.pending_hidden, P) for s in specs])
+        tokens = mx.array([s.pending_tokens + [0] * (P - n) for s, n in zip(specs, counts)])
+        m = runner.mtp(hidden, runner.embedding(tokens), self.mtp)
+        self.mtp.trim_rows([P - n for n in counts])
+        m = m[mx.arange(B), mx.array(counts) - 1][:, None, :]
+        drafts, dists = [[] for _ in specs], [[] for _ in specs]
+        for i in range(k):
+            logits = runner.logits(m)[:, -1]
+            plain = [b for b, s in enumerate(specs) if i < ks[b] and s.params.greedy and s.shape is None]
+            picks = dict(zip(plain, mx.argmax(logits[mx.array(plain)], axis=-1).tolist())) if plain else {}
+            for b, s in enumerate(specs):
+                if i >= ks[b]:
+                    token, q = 0, None  # past this row's budget: padding, never judged
+                elif b in picks:
+                    token, q = picks[b], None
+                else:
+                    row = logits[b] if s.shape is None else s.shape(logits[b], drafts[b])
+                    if s.params.greedy:
+                        token, q = int(mx.argmax(row).item()), None
+                    else:
+                        q = probabilities(row, s.params)
+                        token = s.sampler.draw(q)
+                drafts[b].append(token)
+                dists[b].append(q)
+            if i < k - 1:
+                m = runner.mtp(m, runner.embedding(mx.array([[d[-1]] for d in drafts])), self.mtp)
+        return drafts, dists
+
+
+def _pad(hidden: mx.array, length: int) -> mx.array:
+    n = hidden.shape[1]
+    return hidden if n == length else mx.pad(hidden, [(0, 0), (0, length - n), (0, 0)])
+
+
+def _plain_greedy(gen: Generation) -> bool:
+    return gen.params.greedy and gen.params.repetition_penalty == 1.0 and gen.request.tool_rule is None
+
+
+def _arrays(layer) -> list:
+    if layer is None:
+        return []
+    if hasattr(layer, "keys"):
+        return [a for a in (layer.keys, layer.values) if a is not None]
+    return [a for a in layer.cache if a is not None]
+
+
+def can_batch(gen: Generation) -> bool:
+    """Whether a sequence may share a batch: plain attention / recurrent caches, and, for MTP,
+    recurrent layers that capture per-position states (a replayed rollback is per sequence)."""
+    if not batch_cache.batchable(gen.state.trunk):
+        return False
+    if gen.speculator is not None:
+        return (gen.runner.can_capture or not gen.runner.has_recurrent) and type(gen.state.mtp).__name__ == "KVCache"
+    return True

@@ -1,0 +1,151 @@
+"""Caches of several sequences decoded together: one buffer, one row per sequence.
+
+Attention rows are *ragged*: row b holds its tokens at [0, lengths[b]), each forward writes a
+row's new tokens at that row's own end, and an explicit mask hides every slot past it. So a row
+is trimmed by lowering its length (a per-row rollback after a verify copies nothing) and rows of
+different lengths need no padding shift. mlx-lm's BatchKVCache left-pads instead, which aligns
+every row's end and turns a per-row trim into a roll of the whole buffer.
+
+Recurrent (GatedDeltaNet) layers stay mlx-lm ArraysCaches: their state is naturally per row.
+
+Moving between one-sequence caches and a batch copies each row once (`merge`, `split`): the
+scheduler does it only when a batch's membership changes, never per step.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+_STEP = 256  # buffer growth, in tokens (as KVCache grows)
+
+
+class RaggedKVCache:
+    def __init__(self, keys: mx.array | None, values: mx.array | None, lengths: list[int]):
+        self.keys, self.values = keys, values  # (B, heads, capacity, dim)
+        self.lengths = list(lengths)
+        self.offset = mx.array(self.lengths)  # each row's position of its next token (RoPE reads it)
+
+    @classmethod
+    def from_rows(cls, rows: list[KVCache]) -> "RaggedKVCache":
+        lengths = [r.offset for r in rows]
+        ref = next((r for r in rows if r.keys is not None), None)
+        if ref is None:
+            return cls(None, None, lengths)
+        cap = (max(lengths) // _STEP + 1) * _STEP
+        _, heads, _, dk = ref.keys.shape
+        dv = ref.values.shape[3]
+        keys = mx.zeros((len(rows), heads, cap, dk), ref.keys.dtype)
+        values = mx.zeros((len(rows), heads, cap, dv), ref.values.dtype)
+        for b, r in enumerate(rows):
+            if r.offset:
+                keys[b : b + 1, :, : r.offset] = r.keys[..., : r.offset, :]
+                values[b : b + 1, :, : r.offset] = r.values[..., : r.offset, :]
+        return cls(keys, values, lengths)
+
+    def row(self, b: int) -> KVCache:
+        """Row b as a one-sequence KVCache (a copy)."""
+        out = KVCache()
+        n = self.lengths[b]
+        if self.keys is not None and n:
+            out.keys = mx.contiguous(self.keys[b : b + 1, :, :n])
+            out.values = mx.contiguous(self.values[b : b + 1, :, :n])
+            out.offset = n
+        return out
+
+    # -- the protocol mlx-lm's attention layers use -------------------------------------------
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        B, heads, S, _ = keys.shape
+        need = max(self.lengths) + S
+        if self.keys is None or need > self.keys.shape[2]:
+            grow = (need // _STEP + 1) * _STEP - (0 if self.keys is None else self.keys.shape[2])
+            new_k = mx.zeros((B, heads, grow, keys.shape[3]), keys.dtype)
+            new_v = mx.zeros((B, heads, grow, values.shape[3]), values.dtype)
+            self.keys = new_k if self.keys is None else mx.concatenate([self.keys, new_k], axis=2)
+            self.values = new_v if self.values is None else mx.concatenate([self.values, new_v], axis=2)
+        for b, n in enumerate(self.lengths):
+            self.keys[b : b + 1, :, n : n + S] = keys[b : b + 1]
+            self.values[b : b + 1, :, n : n + S] = values[b : b + 1]
+        self.lengths = [n + S for n in self.lengths]
+        self.offset = mx.array(self.lengths)
+        return self.keys[..., :need, :], self.values[..., :need, :]
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **_) -> mx.array:
+        """(B, 1, N, K) booleans for N new tokens per row: query j of row b sits at lengths[b] + j
+        and sees the slots up to itself; slots past a row's end (another row's tokens) never."""
+        if window_size is not None:
+            raise ValueError("a ragged batch cache has no sliding window")
+        lengths = mx.array(self.lengths)[:, None, None, None]
+        keys = mx.arange(max(self.lengths) + N)[None, None, None, :]
+        queries = mx.arange(N)[None, None, :, None]
+        return keys <= lengths + queries
+
+    @property
+    def state(self):
+        return [a for a in (self.keys, self.values) if a is not None]
+
+    def trim_rows(self, drops: list[int]) -> None:
+        """Forget the last drops[b] tokens of each row b."""
+        self.lengths = [n - d for n, d in zip(self.lengths, drops)]
+        self.offset = mx.array(self.lengths)
+
+    def trim(self, n: int) -> int:
+        self.trim_rows([n] * len(self.lengths))
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+
+def merge(layers: list[list]) -> list:
+    """One batched cache from one-sequence caches (`layers[b]` is row b's list of layer caches)."""
+    out = []
+    for per_row in zip(*layers):
+        if all(type(c) is KVCache for c in per_row):
+            out.append(RaggedKVCache.from_rows(list(per_row)))
+        elif all(type(c) is ArraysCache for c in per_row):
+            merged = ArraysCache(len(per_row[0].cache))
+            for i in range(len(merged.cache)):
+                parts = [c.cache[i] for c in per_row]
+                if all(p is not None for p in parts):
+                    merged.cache[i] = mx.concatenate(parts, axis=0)
+                elif any(p is not None for p in parts):
+                    raise ValueError("recurrent rows differ in which arrays they hold; cannot batch them")
+            out.append(merged)
+        else:
+            raise TypeError(f"cannot batch cache layers of types {sorted({type(c).__name__ for c in per_row})}")
+    return out
+
+
+def split(batched: list, rows: int) -> list[list]:
+    """The inverse of merge: each row's one-sequence caches (copies)."""
+    out = [[] for _ in range(rows)]
+    for layer in batched:
+        for b in range(rows):
+            if isinstance(layer, RaggedKVCache):
+                out[b].append(layer.row(b))
+            else:
+                single = ArraysCache(len(layer.cache))
+                single.cache = [None if a is None else mx.contiguous(a[b : b + 1]) for a in layer.cache]
+                out[b].append(single)
+    return out
+
+
+def batchable(cache: list) -> bool:
+    """Whether a one-sequence cache list can join a batch (plain attention and recurrent layers)."""
+    return all(type(c) in (KVCache, ArraysCache) for c in cache)
+
+
+def keep_rows(cache: list, fed: int, kept: list[int]) -> None:
+    """After a capturing verify of `fed` tokens per row, keep the first kept[b] of row b's."""
+    for layer in cache:
+        if isinstance(layer, RaggedKVCache):
+            layer.trim_rows([fed - k for k in kept])
+        elif isinstance(layer, ArraysCache):
+            if any(k < fed for k in kept):
+                conv = mx.concatenate([layer.positions[k - 1][0][b : b + 1] for b, k in enumerate(kept)])
+                rec = mx.concatenate([layer.positions[k - 1][1][b : b + 1] for b, k in enumerate(kept)])
+                layer.cache[0], layer.cache[1] = conv, rec
+            layer.positions = None
+            layer.capture = False

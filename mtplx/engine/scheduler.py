@@ -1,0 +1,215 @@
+"""The scheduler: which work each engine step runs, in the spirit of nano-vllm's step().
+
+One step = up to `chunk_size` prompt tokens of prefill for one admitted request (round-robin
+among those prefilling, so a short request arriving while a long one streams gets its first
+token after a chunk, not after the other's reply), then one decode step for every running
+sequence: sequences of one mode (MTP or AR) that can share a batch run as ONE batched forward
+(batch.DecodeBatch), any other runs alone. Each request still gets exactly its events of today:
+Restored, PrefillProgress, FirstToken, Tokens, DraftVerified, Finished.
+
+A batch's caches are merged when its membership changes (a sequence joins after its first token,
+or leaves when it finishes or is cancelled) and handed back to the rows then, never per step.
+
+The scheduler knows sequences, batches and a memory estimate; the engine owns queues, the bank
+and listeners and hands the scheduler admitted sequences and two callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from mtplx.engine.batch import DecodeBatch, can_batch
+from mtplx.engine.generation import Generation
+from mtplx.errors import RequestError
+from mtplx.events import Failed, PrefillProgress
+
+log = logging.getLogger("mtplx.engine")
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One admitted request: its submission, its generation, and what the engine keeps for it."""
+
+    sub: object  # engine.Submission
+    gen: Generation
+    prefill: object  # the generation's prefill iterator (None once the prompt is in)
+    reserved: int  # KV bytes reserved at admission (scheduler.kv_bytes)
+    bank_turn: object = None  # the engine's: the bank's side of this request (BankedTurn), if banked
+    prefilled: int = 0  # prompt tokens computed so far (PrefillProgress.done)
+    decoding: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.sub.request.request_id
+
+    def cancelled(self) -> bool:
+        return self.sub.cancelled.is_set()
+
+
+def kv_bytes_per_token(model_config: dict, itemsize: int, with_mtp: bool) -> int:
+    """Attention KV bytes one token costs: 2 (keys, values) x KV heads x head dim x itemsize per
+    full-attention layer (recurrent layers keep a fixed state, not per token), plus the MTP layer."""
+    heads = int(model_config.get("num_key_value_heads") or model_config.get("num_attention_heads", 1))
+    head_dim = int(model_config.get("head_dim") or model_config["hidden_size"] // model_config["num_attention_heads"])
+    types = model_config.get("layer_types")
+    layers = sum(t != "linear_attention" for t in types) if types else int(model_config["num_hidden_layers"])
+    return 2 * heads * head_dim * itemsize * (layers + (1 if with_mtp else 0))
+
+
+class Scheduler:
+    def __init__(self, runner, chunk_size: int, max_batch: int, memory_budget: int,
+                 publish: Callable, finish: Callable):
+        """`publish(seq, event)` hands an event out; `finish(seq)` ends a sequence (its final
+        events and the bank's commit) once its caches are its own again."""
+        self.runner, self.chunk_size = runner, chunk_size
+        self.max_batch, self.memory_budget = max_batch, memory_budget
+        self.publish, self.finish = publish, finish
+        self.prefilling: deque[Sequence] = deque()
+        self.groups: dict[object, list[Sequence]] = {}  # decode groups by batch key
+        self.batches: dict[object, DecodeBatch] = {}  # the merged ones (two rows or more)
+        self.current: str | None = None  # the request whose work runs now (bank decisions name it)
+
+    # -- admission --------------------------------------------------------------------------
+    @property
+    def sequences(self) -> list[Sequence]:
+        return list(self.prefilling) + [s for rows in self.groups.values() for s in rows]
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.prefilling or self.groups)
+
+    def can_admit(self, cost: int) -> bool:
+        """Room for one more: under max_batch, and its KV estimate within the memory budget (a
+        request alone is always admitted, whatever its estimate)."""
+        running = self.sequences
+        if not running:
+            return True
+        return len(running) < self.max_batch and sum(s.reserved for s in running) + cost <= self.memory_budget
+
+    def admit(self, seq: Sequence) -> None:
+        self.prefilling.append(seq)
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self) -> None:
+        if self.prefilling:
+            self._prefill(self.prefilling.popleft())
+        for key in list(self.groups):
+            self._decode(key)
+        self.current = None
+
+    def _prefill(self, seq: Sequence) -> None:
+        self.current = seq.request_id
+        budget = self.chunk_size
+        try:
+            while budget > 0:
+                event = next(seq.prefill, None)
+                if event is None:
+                    seq.prefill = None
+                    break
+                self.publish(seq, event)
+                if isinstance(event, PrefillProgress):
+                    budget -= event.done - seq.prefilled
+                    seq.prefilled = event.done
+            if seq.prefill is not None:
+                self.prefilling.append(seq)  # more chunks: back of the line
+                return
+            if seq.gen.finish_reason is None:  # the prompt is in: the first token now, alone
+                for event in seq.gen.first_token():
+                    self.publish(seq, event)
+        except Exception as exc:
+            return self._fail(seq, exc)
+        if seq.gen.finish_reason is not None:
+            return self._end(seq)
+        seq.decoding = True
+        self._join(seq)
+
+    def _decode(self, key) -> None:
+        rows = self.groups[key]
+        gone = [s for s in rows if s.cancelled()]
+        for seq in gone:
+            seq.gen.finish_reason = "cancelled"
+        if gone:
+            self._leave(key, gone)
+            if key not in self.groups:
+                return
+            rows = self.groups[key]
+        try:
+            if key in self.batches:
+                self.current = rows[0].request_id
+                results = self.batches[key].step()
+                for seq, (new, drafts, accepted) in zip(rows, results):
+                    self.current = seq.request_id
+                    events = seq.gen.take_round(new, drafts, accepted) if drafts else seq.gen.take_tokens(new)
+                    for event in events:
+                        self.publish(seq, event)
+            else:
+                seq = rows[0]
+                self.current = seq.request_id
+                for event in seq.gen.step():
+                    self.publish(seq, event)
+        except Exception as exc:  # a batched forward failing fails its rows, never the others
+            log.exception("decode step failed for %s", [s.request_id for s in rows])
+            for seq in list(rows):
+                self._leave(key, [seq], ended=False)
+                self._fail(seq, exc)
+            return
+        done = [s for s in rows if s.gen.finish_reason is not None]
+        if done:
+            self._leave(key, done)
+
+    # -- membership -------------------------------------------------------------------------
+    def _key(self, seq: Sequence):
+        if not can_batch(seq.gen):
+            return ("alone", seq.request_id)
+        return "mtp" if seq.gen.speculator is not None else "ar"
+
+    def _join(self, seq: Sequence) -> None:
+        key = self._key(seq)
+        self._regroup(key, self.groups.get(key, []) + [seq])
+
+    def _leave(self, key, leaving: list[Sequence], ended: bool = True) -> None:
+        self._regroup(key, [s for s in self.groups[key] if s not in leaving])
+        if ended:
+            for seq in leaving:
+                self._end(seq)
+
+    def _regroup(self, key, rows: list[Sequence]) -> None:
+        """Hand the old batch's caches back to its rows, then merge the new membership (a batch
+        of one decodes on its own caches, exactly as a request alone)."""
+        if key in self.batches:
+            self.batches.pop(key).release()
+        if not rows:
+            self.groups.pop(key, None)
+            return
+        self.groups[key] = rows
+        if len(rows) > 1:
+            self.batches[key] = DecodeBatch(self.runner, [s.gen for s in rows])
+
+    def _end(self, seq: Sequence) -> None:
+        self.current = seq.request_id
+        try:
+            if seq.decoding:
+                seq.gen.end_decode()
+            self.finish(seq)
+        except Exception as exc:
+            self._fail(seq, exc)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        request_id = seq.request_id
+        if isinstance(exc, RequestError):
+            self.publish(seq, Failed(request_id, str(exc), "invalid_request"))
+        else:
+            log.error("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
+            self.publish(seq, Failed(request_id, f"internal error in request {request_id}: {type(exc).__name__}", "internal"))
+
+    def drop_all(self) -> list[Sequence]:
+        """Forget every sequence (the engine is failing them all); returns them."""
+        out = self.sequences
+        self.prefilling.clear()
+        self.groups.clear()
+        self.batches.clear()
+        return out
+

@@ -1,0 +1,225 @@
+"""The scheduler: several requests decode together, each exactly as it would alone.
+
+Batched rows must give the tokens the same request gives alone (greedy, and seeded sampling with
+each row's own sampler), a verify must accept per row and roll each row back to its own kept
+length (attention KV and GatedDeltaNet state), a cancelled row must leave the others running,
+and admission must respect max_batch and the memory budget.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtplx.engine import batch as batch_module
+from mtplx.engine.batch import DecodeBatch
+from mtplx.engine.engine import Engine, EngineConfig
+from mtplx.engine.generation import Generation, StartPoint
+from mtplx.engine.request import GenerationRequest
+from mtplx.engine.sampling import SamplingParams
+from mtplx.events import Finished, FirstToken, Tokens
+
+TOPICS = ["Explain src/ledger/events.py", "List the tests of the parser module and what each one checks",
+          "Why does the build fail?", "Rename the helper in utils and update every caller in the package please"]
+
+
+def _prompts(engine, n=4):
+    tok = engine.checkpoint.tokenizer
+    return [tuple(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
+            for t in TOPICS[:n]]
+
+
+def _requests(engine, n=4, **sampling):
+    params = dict(max_tokens=40, ignore_eos=True) | sampling
+    return [GenerationRequest(p, SamplingParams(**params), session=f"s{i}") for i, p in enumerate(_prompts(engine, n))]
+
+
+@pytest.fixture
+def batch_sizes(monkeypatch):
+    """The number of rows of every batched step the engine runs (and, in .modes, MTP or AR)."""
+
+    class Sizes(list):
+        modes: set = set()
+
+    sizes = Sizes()
+    step = DecodeBatch.step
+
+    def spy(self):
+        sizes.append(len(self.gens))
+        sizes.modes = sizes.modes | {"mtp" if self.mtp_mode else "ar"}
+        return step(self)
+
+    monkeypatch.setattr(batch_module.DecodeBatch, "step", spy)
+    return sizes
+
+
+@pytest.mark.parametrize("use_mtp", [True, False], ids=["mtp", "ar"])
+def test_batched_greedy_equals_alone(engine, use_mtp, batch_sizes):
+    requests = lambda: [GenerationRequest(r.prompt, r.sampling, use_mtp=use_mtp, session=r.session)
+                        for r in _requests(engine)]
+    alone = [engine.submit(r).result() for r in requests()]
+    assert not batch_sizes  # one at a time never merges a batch
+    subs = [engine.submit(r) for r in requests()]
+    together = [s.result() for s in subs]
+    assert max(batch_sizes) >= 3
+    assert [t.token_ids for t in together] == [a.token_ids for a in alone]
+    assert batch_sizes.modes == {"mtp" if use_mtp else "ar"}
+
+
+def test_seeded_sampling_in_a_batch_equals_alone(engine, batch_sizes):
+    requests = lambda: _requests(engine, 3, temperature=0.8, seed=11, max_tokens=24)
+    alone = [engine.submit(r).result().token_ids for r in requests()]
+    subs = [engine.submit(r) for r in requests()]
+    assert [s.result().token_ids for s in subs] == alone
+    assert max(batch_sizes) >= 2
+
+
+def _ready(engine, prompt) -> Generation:
+    """A generation prefilled and past its first token, as the scheduler hands it to a batch."""
+    request = GenerationRequest(prompt, SamplingParams(max_tokens=200, ignore_eos=True))
+    gen = Generation(engine.runner, request, use_mtp=True, depth=3, chunk_size=64, eos_ids=engine.eos_ids, submitted_at=0.0)
+    for _ in gen.prefill(StartPoint(), (), None):
+        pass
+    list(gen.first_token())
+    return gen
+
+
+def _layer_arrays(layer) -> list[np.ndarray]:
+    if hasattr(layer, "keys"):
+        return [np.array(layer.keys[..., : layer.offset, :]), np.array(layer.values[..., : layer.offset, :])]
+    return [np.array(a) for a in layer.cache]
+
+
+def test_batched_verify_accepts_and_rolls_back_per_row(engine):
+    """Rows of one verify keep different numbers of drafts; each row's tokens, drafts, acceptance
+    and, after the batch hands its caches back, every cache array equal the same rounds alone.
+    On tiny-hybrid this is the GatedDeltaNet rollback: recurrent rows take the state captured at
+    their own kept position."""
+    prompts = _prompts(engine)
+    rounds = 12
+
+    def run():
+        alone, batched = [_ready(engine, p) for p in prompts], [_ready(engine, p) for p in prompts]
+        solo_log = []
+        for gen in alone:
+            rows = []
+            for _ in range(rounds):
+                new, drafts, accepted = gen.speculator.round(gen.draft_budget())
+                list(gen.take_round(new, drafts, accepted))
+                rows.append((new, drafts, accepted))
+            solo_log.append(rows)
+        batch = DecodeBatch(engine.runner, batched)
+        batch_log = [[] for _ in batched]
+        for _ in range(rounds):
+            for b, (gen, result) in enumerate(zip(batched, batch.step())):
+                list(gen.take_round(*result))
+                batch_log[b].append(result)
+        batch.release()
+        # Arrays become numpy here, on the engine thread that owns them.
+        arrays = [[[_layer_arrays(layer) for layer in g.state.trunk + [g.state.mtp]] for g in gens]
+                  for gens in (alone, batched)]
+        return solo_log, batch_log, alone, batched, arrays
+
+    solo_log, batch_log, alone, batched, (alone_arrays, batched_arrays) = engine.call(run)
+    assert batch_log == solo_log
+    per_round = [{row[r][2] for row in batch_log} for r in range(rounds)]
+    assert any(len(kept) > 1 for kept in per_round), "no verify had different acceptance per row"
+    assert any(a < len(d) for row in batch_log for _, d, a in row), "no partial acceptance to roll back"
+    for a, b, a_layers, b_layers in zip(alone, batched, alone_arrays, batched_arrays):
+        assert a.state.tokens == b.state.tokens and a.state.length == b.state.length == len(b.state.tokens)
+        assert [type(x) for x in b.state.trunk] == [type(x) for x in a.state.trunk]
+        for la, lb in zip(a_layers, b_layers):
+            assert len(la) == len(lb)
+            for x, y in zip(la, lb):
+                assert x.shape == y.shape
+                # A batched matmul may round differently in the last bits on MKL (fast_path.rows_bitwise).
+                np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
+        if engine.runner.has_recurrent:
+            assert any(type(layer).__name__ == "ArraysCache" for layer in b.state.trunk)
+
+
+def test_cancelling_one_row_leaves_the_others(engine, batch_sizes):
+    requests = lambda: _requests(engine, 3, max_tokens=48)
+    alone = [engine.submit(r).result().token_ids for r in requests()]
+    subs = [engine.submit(r) for r in requests()]
+    for event in subs[1]:
+        if isinstance(event, Tokens):
+            subs[1].cancel()
+            break
+    cancelled = subs[1].result()
+    assert cancelled.finish_reason == "cancelled" and cancelled.completion_tokens < 48
+    assert cancelled.token_ids == alone[1][: cancelled.completion_tokens]
+    assert [subs[0].result().token_ids, subs[2].result().token_ids] == [alone[0], alone[2]]
+    assert max(batch_sizes) >= 2
+
+
+def test_a_short_request_gets_its_first_token_while_a_long_one_streams(dense_engine):
+    long_request, short_request = _requests(dense_engine, 2, max_tokens=300)
+    long = dense_engine.submit(long_request)
+    for event in long:
+        if isinstance(event, Tokens):
+            break
+    short = dense_engine.submit(GenerationRequest(short_request.prompt, SamplingParams(max_tokens=4), session="other"))
+    short_events = list(short)
+    long_end = long.result()
+    first = next(e for e in short_events if isinstance(e, FirstToken))
+    assert short_events[-1].finish_reason in ("stop", "length")
+    assert first.t < short_events[-1].t < long_end.t  # served inside the long reply, not after it
+
+
+def _serial_order(engine_config: EngineConfig, dense_engine) -> list[str]:
+    """Which request's events come in which order when two are submitted together."""
+    engine = Engine(dense_engine.model_path, engine_config, name="tiny-dense").start()
+    try:
+        order, lock = [], threading.Lock()
+
+        def listen(event):
+            if isinstance(event, (FirstToken, Finished)):
+                with lock:
+                    order.append((type(event).__name__, event.request_id))
+
+        engine.listeners.append(listen)
+        a, b = _requests(dense_engine, 2, max_tokens=24)
+        subs = [engine.submit(a), engine.submit(b)]
+        for s in subs:
+            s.result()
+        return [f"{kind}:{'a' if rid == a.request_id else 'b'}" for kind, rid in order]
+    finally:
+        engine.stop()
+
+
+def test_admission_respects_max_batch_and_the_memory_budget(dense_engine):
+    serial = ["FirstToken:a", "Finished:a", "FirstToken:b", "Finished:b"]
+    assert _serial_order(EngineConfig(chunk_size=64, max_batch=1), dense_engine) == serial
+    # 1 KiB of KV admits one request at a time (a request alone is admitted whatever its estimate).
+    assert _serial_order(EngineConfig(chunk_size=64, memory_budget=1024), dense_engine) == serial
+    together = _serial_order(EngineConfig(chunk_size=64), dense_engine)
+    assert together.index("FirstToken:b") < together.index("Finished:a")
+
+
+def test_ragged_cache_rows_round_trip(dense_engine):
+    """Rows of different lengths merged into one ragged cache come back as they went in, and a
+    per-row trim only moves that row's end."""
+    from mtplx.engine.batch_cache import merge, split
+
+    def run():
+        runner = dense_engine.runner
+        caches = []
+        for n in (5, 17, 9):
+            cache = runner.new_trunk_cache()
+            runner.hidden(list(range(3, 3 + n)), cache)
+            caches.append(cache)
+        merged = merge(caches)
+        merged[0].trim_rows([0, 4, 1])
+        back = split(merged, 3)
+        same = [mx.array_equal(row[0].keys, orig[0].keys[..., : row[0].offset, :]).item() and
+                mx.array_equal(row[0].values, orig[0].values[..., : row[0].offset, :]).item()
+                for orig, row in zip(caches, back)]
+        return [row[0].offset for row in back], merged[0].lengths, same
+
+    offsets, lengths, same = dense_engine.call(run)
+    assert lengths == offsets == [5, 13, 8]
+    assert all(same)
