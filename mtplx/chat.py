@@ -9,10 +9,9 @@ tool results merged into one user turn), so every candidate is checked and a rej
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
-from mtplx.tool_formats import TAGGED, template_iterates_arguments
+from mtplx.tool_formats import template_iterates_arguments
 
 @dataclass(frozen=True)
 class Boundary:
@@ -105,32 +104,3 @@ def _arguments_as_mapping(message: dict) -> dict:
                 call = {**call, "function": {**fn, "arguments": parsed}}
         out.append(call)
     return {**message, "tool_calls": out}
-
-
-def parse_reply(text: str, tool_format=None, tools: list | None = None) -> dict:
-    """An assistant output as the message a client sends back: reasoning, content, tool calls.
-
-    `tool_format` is the model's (default: the `<tool_call>` family, JSON or XML bodies). Tool calls
-    that do not parse stay in the content (a client would show them as text)."""
-    fmt = tool_format or TAGGED
-    reasoning = None
-    if "</think>" in text:
-        head, text = text.split("</think>", 1)
-        reasoning = head.split("<think>", 1)[-1].strip("\n")
-    calls, content = [], text
-    end = re.escape(fmt.end) if fmt.end else r"\Z"
-    for found in re.finditer(re.escape(fmt.start) + r"(.*?)" + end, text, re.S):
-        try:
-            parsed = fmt.parse(found.group(1), tools)
-        except Exception:  # a parser's own failure: the text stays content
-            continue
-        for call in parsed:
-            calls.append({"id": f"call_{len(calls)}", "type": "function",
-                          "function": {"name": call.name, "arguments": fmt.arguments_json(call)}})
-        content = content.replace(found.group(0), "")
-    message = {"role": "assistant", "content": content.strip()}
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = calls
-    return message

@@ -40,7 +40,6 @@ class ReplyStream:
         self.mode = "reasoning" if in_reasoning else "content"
         self.buffer = ""
         self.call = ""
-        self.tool_calls = 0
         self.fresh = True  # at the start of a segment: leading whitespace is markup, not text
         self.held_ws = ""  # trailing whitespace, released only if more text follows in this segment
 
@@ -110,7 +109,6 @@ class ReplyStream:
             calls = self.format.parse(body, self.tools)
         except Exception:  # any parser failure (json, regex, a delegated parser's own) shows the text
             return [Piece("content", self.open + body + self.close)]
-        self.tool_calls += len(calls)
         return [Piece("tool_call", name=c.name, arguments=self.format.arguments_json(c)) for c in calls]
 
 

@@ -10,7 +10,6 @@ import pytest
 
 from mtplx.bank.bank import BankConfig
 from mtplx.catalog import resolve
-from mtplx.chat import parse_reply
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
@@ -65,7 +64,7 @@ def _strip_turn(name: str, budget: int | None, cold: Engine | None = None):
                 gate.budget = None
                 engine.settle()  # the re-queued render-ahead finishes from where it stopped
                 return fin, outcome, decisions, engine.call(lambda: len(engine.bank_executor.jobs))
-            session.send_back(parse_reply(fin.text))
+            session.send_back(fin.reply)
             if before_strip and budget is None:
                 engine.settle()  # the user took their time: the render-ahead ran to its end
             elif before_strip:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mtplx.chat import parse_reply, render
-from mtplx.reply_stream import ReplyStream
+from mtplx.chat import render
+from mtplx.reply_stream import ReplyStream, message as reply_message
 from mtplx.tool_formats import by_name, template_iterates_arguments
 
 XML_CALL = ("<tool_call>\n<function=edit_file>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
@@ -66,8 +66,8 @@ def test_registry_names_every_parser_mlx_lm_recognises():
         assert (fmt.start, fmt.end) == (mod.tool_call_start, mod.tool_call_end), module.name
 
 
-def test_parse_reply_reads_xml():
-    message = parse_reply("<think>\nok\n</think>\n\n" + XML_CALL)
+def test_a_reply_splits_an_xml_call():
+    message = reply_message(ReplyStream().feed("<think>\nok\n</think>\n\n" + XML_CALL, final=True))
     assert message["reasoning_content"] == "ok" and message["content"] == ""
     assert message["tool_calls"][0]["function"]["name"] == "edit_file"
 

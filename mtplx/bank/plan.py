@@ -186,7 +186,6 @@ class MissReport:
     ceiling: int
     achieved: int
     cause: str | None = None
-    detail: dict = field(default_factory=dict)
 
 
 def attribute_miss(prompt, spans: list[MessageSpan], achieved: int, ceiling: int, best_entry_tokens: tuple | None,
@@ -214,7 +213,6 @@ def attribute_miss(prompt, spans: list[MessageSpan], achieved: int, ceiling: int
             report.cause = f"assistant[{span.index}].reasoning stripped"
         else:
             report.cause = f"{span.role}[{span.index}] re-rendered differently at token {match}"
-        report.detail = {"divergence": match, "message_index": span.index if span else None}
         return report
     report.cause = note or f"no checkpoint at or below the match ({match}); restored at {achieved}"
     return report

@@ -213,9 +213,6 @@ class SsdTier:
         return dropped
 
     # -- write ------------------------------------------------------------------------------
-    def has(self, entry_id: str) -> bool:
-        return self.db.execute("select 1 from entries where entry_id = ?", (entry_id,)).fetchone() is not None
-
     def write(self, entry) -> None:
         """Persist one RAM entry (engine thread, idle time)."""
         import mlx.core as mx

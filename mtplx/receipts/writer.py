@@ -47,7 +47,6 @@ class ReceiptWriter:
         self.keep_body = keep_body
         self.open: dict[str, dict] = {}
         self.lock = threading.Lock()
-        self.last_id: str | None = None
 
     def __call__(self, event: EngineEvent) -> None:
         with self.lock:
@@ -105,4 +104,3 @@ class ReceiptWriter:
             else:
                 row.update(finish_reason="failed", shortfall=row.get("shortfall") or event.message)
             self.store.add(row)
-            self.last_id = row["id"]

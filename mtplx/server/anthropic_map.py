@@ -159,7 +159,7 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
     if not isinstance(stream, bool):
         raise bad_request("stream must be a boolean", "stream")
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
-                    thinking_flag(body.get("thinking")), None, from_anthropic(body.get("tool_choice"), tools))
+                    thinking_flag(body.get("thinking")), from_anthropic(body.get("tool_choice"), tools))
 
 
 def with_format(messages: list[dict], config) -> list[dict]:

@@ -30,7 +30,6 @@ class ChatCall:
     stream: bool = False
     include_usage: bool = False
     enable_thinking: bool | None = None
-    session: str | None = None
     tool_choice: ToolChoice = ToolChoice()
 
 
@@ -196,4 +195,4 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be a boolean", "enable_thinking")
     return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
-                    bool(options.get("include_usage")), thinking, None, from_openai(body.get("tool_choice"), tools))
+                    bool(options.get("include_usage")), thinking, from_openai(body.get("tool_choice"), tools))

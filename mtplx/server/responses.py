@@ -148,7 +148,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     reasoning = body.get("reasoning")
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     thinking = False if effort in ("none", "minimal") else None
-    return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking, None,
+    return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
                     from_openai(body.get("tool_choice"), tools))
 
 
