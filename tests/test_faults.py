@@ -33,9 +33,9 @@ FIRST = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Exp
 class Served:
     """An engine (bank on an SSD root, or none) served on a free loopback port, events recorded."""
 
-    def __init__(self, root: Path | None, bank: bool = True, chunk_size: int = 64):
+    def __init__(self, root: Path | None, bank: bool = True, chunk_size: int = 64, max_batch: int = 8):
         ssd = SsdConfig(root, budget_bytes=64 << 20, free_floor_bytes=0) if bank and root is not None else None
-        self.engine = Engine(resolve(MODEL), EngineConfig(chunk_size=chunk_size), name=MODEL,
+        self.engine = Engine(resolve(MODEL), EngineConfig(chunk_size=chunk_size, max_batch=max_batch), name=MODEL,
                              bank=BankConfig() if bank else None, ssd=ssd).start()
         self.events: list = []
         self.engine.listeners.append(self.events.append)
@@ -270,7 +270,7 @@ def test_abandoned_non_streaming_request_is_cancelled(cold):
 
 
 def test_abandoned_while_queued_never_runs(cold):
-    served = Served(None, bank=False)
+    served = Served(None, bank=False, max_batch=1)  # a request waits in the queue only while the scheduler is full
     try:
         mark = len(served.events)
         long_body = {"model": MODEL, "messages": FIRST, "max_tokens": 300, "temperature": 0, "ignore_eos": True}
@@ -300,7 +300,7 @@ def test_a_dead_engine_thread_answers_503_instead_of_hanging():
         def die(sub):
             raise SystemExit("simulated crash of the engine thread")
 
-        served.engine._serve = die
+        served.engine._begin = die  # where the engine thread takes a request on
         response = served.chat(FIRST)
         assert response.status_code == 500 and "engine stopped" in response.json()["error"]["message"]
         health = httpx.get(served.url + "/health")
