@@ -7,14 +7,14 @@ import json
 import uuid
 
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import Finished
+from mtplx.events import Finished, Tokens
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_MEDIA, placeholder
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import from_anthropic
-from mtplx.reply_stream import Piece, ReplyStream
+from mtplx.reply_stream import Piece
 
 BILLING_HEADER = "x-anthropic-billing-header:"
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -207,8 +207,8 @@ def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
             "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
 
 
-def message(model: str, fin: Finished, in_reasoning: bool, signer: Signer, reply: ReplyStream | None = None) -> dict:
-    pieces = (reply or ReplyStream(in_reasoning)).feed(fin.text, final=True)
+def message(model: str, fin: Finished, signer: Signer) -> dict:
+    pieces = fin.pieces
     content, calls = [], 0
     for kind in ("reasoning", "content"):
         text = "".join(p.text for p in pieces if p.kind == kind)
@@ -237,8 +237,9 @@ class MessageStream:
     """Anthropic stream events, in the documented order, with sequential block indices. A
     thinking block ends with a signature_delta signing the whole block's text."""
 
-    def __init__(self, model: str, in_reasoning: bool, signer: Signer, reply: ReplyStream | None = None):
-        self.model, self.reply, self.signer = model, reply or ReplyStream(in_reasoning), signer
+    def __init__(self, model: str, signer: Signer):
+        self.model, self.signer = model, signer
+        self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.index, self.open_kind, self.calls = -1, None, 0
         self.thinking = ""
@@ -264,11 +265,12 @@ class MessageStream:
         self.open_kind = kind
         return out + [("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})]
 
-    def text(self, text: str, final: bool = False) -> list[tuple[str, dict]]:
-        out = []
-        for p in self.reply.feed(text, final):
-            out += self._piece(p)
-        return out
+    def tokens(self, event: Tokens) -> list[tuple[str, dict]]:
+        return self._pieces(event.pieces)
+
+    def _pieces(self, pieces) -> list[tuple[str, dict]]:
+        self.fed += len(pieces)
+        return [e for p in pieces for e in self._piece(p)]
 
     def _piece(self, p: Piece) -> list[tuple[str, dict]]:
         out = []
@@ -287,7 +289,7 @@ class MessageStream:
         return out + [("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})]
 
     def finish(self, fin: Finished) -> list[tuple[str, dict]]:
-        out = self.text("", final=True) + self._close()
+        out = self._pieces(fin.pieces[self.fed:]) + self._close()
         out.append(("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": stop_reason(fin, self.calls), "stop_sequence": None},
                                       "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}))

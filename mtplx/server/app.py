@@ -27,13 +27,12 @@ from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
 from mtplx.server.response_store import ResponseStore
 from mtplx.home import home_path
-from mtplx.reply_stream import ReplyStream
 from mtplx.server.context import window_of
 from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
 from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from
-from mtplx.server.turns import budget_headers, encode, events, session_from, starts_in_reasoning, submit
+from mtplx.server.turns import budget_headers, encode, events, session_from, submit
 
 log = logging.getLogger("mtplx.server")
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
@@ -65,11 +64,6 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     def limit() -> int:
         return engine.context_window
-
-    def reply_for(in_reasoning: bool, call) -> ReplyStream:
-        # The model's own tool-call format (JSON or XML in <tool_call>, Mistral, pythonic, ...); the
-        # request's tool schemas type XML parameter values.
-        return ReplyStream(in_reasoning, getattr(engine.checkpoint, "tool_format", None), call.tools)
 
     # -- errors -----------------------------------------------------------------------------
     def shaped(request: Request, err: ApiError) -> JSONResponse:
@@ -161,12 +155,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = parse_chat(body, defaults, limit())
         prompt = encode(engine, cache, call, "chat", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
-        reasoning = starts_in_reasoning(tokenizer, prompt)
-        if not call.stream:
-            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, reasoning,
-                                                                            reply_for(reasoning, call)), request,
+        if not call.stream:  # the engine split the reply in the model's tool-call format (Finished.pieces)
+            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin), request,
                                 budget_headers(call, sub))
-        chunks = openai_response.ChatStream(model_name, reasoning, reply_for(reasoning, call))
+        chunks = openai_response.ChatStream(model_name)
         return StreamingResponse(_openai_sse(sub, chunks, call.include_usage, chunks.first()),
                                  media_type="text/event-stream", headers=budget_headers(call, sub))
 
@@ -197,8 +189,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = responses.parse_response_call(body, defaults, limit(), response_store, signer)
         prompt = encode(engine, cache, call, "responses", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
-        reasoning = starts_in_reasoning(tokenizer, prompt)
-        built = responses.ResponseStream(model_name, reasoning, body, signer, reply_for(reasoning, call))
+        built = responses.ResponseStream(model_name, body, signer)
 
         def keep(fin):  # what a follow-up naming this response renders as its history
             response_store.put(built.id, call.messages + responses.output_messages(built.output))
@@ -213,7 +204,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 if isinstance(event, PrefillProgress):
                     yield b": prefill\n\n"
                 elif isinstance(event, Tokens):
-                    for name, data in built.text(event.text):
+                    for name, data in built.tokens(event):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
                     for name, data in built.finish(event):
@@ -233,12 +224,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = anthropic_map.parse_messages_call(body, defaults, limit(), signer=signer)
         prompt = encode(engine, cache, call, "messages", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
-        reasoning = starts_in_reasoning(tokenizer, prompt)
         if not call.stream:
-            return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, reasoning, signer,
-                                                                       reply_for(reasoning, call)), request,
+            return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, signer), request,
                                 budget_headers(call, sub))
-        frames = anthropic_map.MessageStream(model_name, reasoning, signer, reply_for(reasoning, call))
+        frames = anthropic_map.MessageStream(model_name, signer)
 
         async def stream():
             async for event in events(sub):
@@ -248,7 +237,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 elif isinstance(event, PrefillProgress):  # Anthropic's own keep-alive event
                     yield _event_sse("ping", {"type": "ping"})
                 elif isinstance(event, Tokens):
-                    for name, data in frames.text(event.text):
+                    for name, data in frames.tokens(event):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
                     for name, data in frames.finish(event):
@@ -276,7 +265,7 @@ async def _openai_sse(sub, chunks, include_usage: bool, first: dict | None = Non
         if isinstance(event, PrefillProgress):
             yield b": prefill\n\n"  # bytes during a long prefill keep clients' idle timers from firing
         elif isinstance(event, Tokens):
-            for c in chunks.text(event.text):
+            for c in chunks.tokens(event):
                 yield _sse(c)
         elif isinstance(event, Finished):
             for c in chunks.finish(event, include_usage):

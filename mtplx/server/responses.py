@@ -16,8 +16,8 @@ import time
 import uuid
 
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import Finished
-from mtplx.reply_stream import Piece, ReplyStream
+from mtplx.events import Finished, Tokens
+from mtplx.reply_stream import Piece
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import OPENAI_MEDIA, placeholder
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
@@ -178,12 +178,11 @@ def output_messages(output: list[dict]) -> list[dict]:
 class ResponseStream:
     """Builds the Responses API objects and stream events of one response."""
 
-    def __init__(self, model: str, in_reasoning: bool, body: dict, signer: Signer | None = None,
-                 reply: ReplyStream | None = None):
+    def __init__(self, model: str, body: dict, signer: Signer | None = None):
         self.signer = signer
         self.id = "resp_" + uuid.uuid4().hex[:24]
         self.model, self.created, self.body = model, int(time.time()), body
-        self.reply = reply or ReplyStream(in_reasoning)
+        self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
         self.output: list[dict] = []
         self.open: dict | None = None
         self.seq = 0
@@ -223,8 +222,12 @@ class ResponseStream:
                                    text=item["content"][0]["text"]))
         return out + [self._event("response.output_item.done", output_index=index, item=item)]
 
-    def text(self, text: str, final: bool = False) -> list[tuple[str, dict]]:
-        return [e for p in self.reply.feed(text, final) for e in self._piece(p)]
+    def tokens(self, event: Tokens) -> list[tuple[str, dict]]:
+        return self._pieces(event.pieces)
+
+    def _pieces(self, pieces) -> list[tuple[str, dict]]:
+        self.fed += len(pieces)
+        return [e for p in pieces for e in self._piece(p)]
 
     def _piece(self, p: Piece) -> list[tuple[str, dict]]:
         out = []
@@ -255,13 +258,13 @@ class ResponseStream:
         return out + [self._event(delta, item_id=self.open["id"], output_index=index, content_index=0, delta=p.text)]
 
     def finish(self, fin: Finished) -> list[tuple[str, dict]]:
-        out = self.text("", final=True) + self._close()
+        out = self._pieces(fin.pieces[self.fed:]) + self._close()
         # response.completed even when max_output_tokens cut it (status "incomplete" inside): the
         # event clients wait for to close a turn.
         return out + [self._event("response.completed", response=self.response("completed", fin))]
 
     def whole(self, fin: Finished) -> dict:
-        self.text(fin.text, final=True)
+        self._pieces(fin.pieces)
         self._close()
         return self.response("completed", fin)
 
