@@ -25,6 +25,12 @@ from mtplx.state.turn import StartPoint, TurnState
 
 log = logging.getLogger("mtplx.bank")
 
+# Render-ahead runs in chunks of at most this many tokens: a request that arrives meanwhile waits
+# for the chunk in flight, so it must be small (~20 ms for the tiny models on the CPU fast path).
+# Chunking leaves a prefill's values bit-identical on MLX's reference CPU path and changes them only
+# in fp32 rounding on MKL (whose rows round by the call's row count), as any restore point does.
+IDLE_CHUNK = 64
+
 
 def restore(entry: Entry, position: int) -> TurnState:
     """Fresh caches holding `entry`'s state at `position` (a point the planner chose)."""
@@ -83,6 +89,7 @@ class RenderJob:
 class BankExecutor:
     def __init__(self, runner, bank: SessionBank, chunk_size: int):
         self.runner, self.bank, self.chunk_size = runner, bank, chunk_size
+        self.idle_chunk = min(chunk_size, IDLE_CHUNK)
         # Render-ahead prefills, advanced one chunk per idle step: (job, its step iterator).
         self.jobs: deque[tuple[RenderJob, Iterator]] = deque()
 
@@ -199,7 +206,7 @@ class BankExecutor:
             except Exception as exc:  # a damaged SSD entry: drop it and compute this branch cold
                 self.bank.evict(plan.restore.entry_id, str(exc))
         gen = Generation(self.runner, GenerationRequest(tuple(tokens), source="render_ahead", session=session),
-                         use_mtp=use_mtp, depth=1, chunk_size=self.chunk_size, eos_ids=set(), submitted_at=time.monotonic())
+                         use_mtp=use_mtp, depth=1, chunk_size=self.idle_chunk, eos_ids=set(), submitted_at=time.monotonic())
         turn = BankedTurn(plan, StartPoint(state))
         job.gen = gen
         for _ in gen.prefill(turn.start, turn.checkpoints, turn.capture, lambda: job.preempted):
