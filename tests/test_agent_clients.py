@@ -310,25 +310,40 @@ REPLIES = {  # generated text, and whether the prompt ended inside <think>
     "reasoning, text, two calls": ("<think>\nTwo files.\n</think>\n\nReading both.\n" + CALL + "\n" + CALL, False),
     "a call alone": (CALL, False),
     "reasoning then a call": ("Read it first.\n</think>\n\n" + CALL, True),
+    # what a small model also writes: text after a call, a call that does not parse, stray tags,
+    # a reply cut inside the reasoning the prompt opened
+    "text, a call, more text": ("A\n" + CALL + "\nB", False),
+    "a call that does not parse": ("A\n<tool_call>\nnot json\n</tool_call>\nB", False),
+    "a stray closing tag": ("foo bar</think> baz qux", False),
+    "reasoning opened mid-text": ("A <think>x</think> B", False),
+    "cut inside the reasoning": ("still thinking", True),
+    "an unclosed think": ("<think>\nI have not\n</tool_response>", False),
 }
+
+
+def _finished(text: str, in_reasoning: bool):
+    """The Finished event the engine sends for `text`: the reply split once, as the engine does
+    (engine/generation.py: the model's tool-call format, the request's tool schemas)."""
+    from mtplx.events import Finished
+    from mtplx.reply_stream import ReplyStream
+
+    return Finished("r", "stop", 10, 5, 0, text, (), {}, tuple(ReplyStream(in_reasoning, None, TOOLS).feed(text, final=True)))
 
 
 def _sent_back(text: str, in_reasoning: bool, signer) -> dict:
     """The assistant message each route folds back from what it answered, resent as the client
     got it: OpenAI's message, Anthropic's content blocks, the Responses output items as streamed
     (Codex keeps a reasoning item's sealed blob, not its text)."""
-    from mtplx.events import Finished
-    from mtplx.reply_stream import ReplyStream
+    from mtplx.events import Tokens
     from mtplx.server import anthropic_map, openai_response, responses
     from mtplx.server.openai_request import parse_messages
 
-    fin = Finished("r", "stop", 10, 5, 0, text, (), {})
+    fin = _finished(text, in_reasoning)
     user, then = {"role": "user", "content": ASK}, {"role": "user", "content": "Thanks."}
-    splitter = lambda: ReplyStream(in_reasoning, None, TOOLS)
-    message = openai_response.completion("m", fin, in_reasoning, splitter())["choices"][0]["message"]
-    blocks = anthropic_map.message("m", fin, in_reasoning, signer, splitter())["content"]
-    built = responses.ResponseStream("m", in_reasoning, {}, signer, splitter())
-    streamed = built.start() + built.text(text) + built.finish(fin)
+    message = openai_response.completion("m", fin)["choices"][0]["message"]
+    blocks = anthropic_map.message("m", fin, signer)["content"]
+    built = responses.ResponseStream("m", {}, signer)
+    streamed = built.start() + built.tokens(Tokens("r", (), text, "content", fin.pieces)) + built.finish(fin)
     items = [{k: v for k, v in d["item"].items() if k != "content"} if d["item"]["type"] == "reasoning" else d["item"]
              for name, d in streamed if name == "response.output_item.done"]
     return {"openai": parse_messages([user, message, then])[1],
@@ -339,15 +354,15 @@ def _sent_back(text: str, in_reasoning: bool, signer) -> dict:
 
 @pytest.mark.parametrize("case", sorted(REPLIES))
 def test_a_reply_sent_back_renders_as_the_bank_prepared_it_on_every_route(case, tokenizer):
-    """What the bank renders ahead for the next turn (chat.parse_reply of the generated text) and
+    """What the bank renders ahead for the next turn (Finished.reply, the engine's split) and
     what each route folds back from the client's copy render to the same tokens, before a new
     user message and before a tool result: the reply, reasoning and calls included, is reusable."""
     from mtplx.bank.spans import same_reply
-    from mtplx.chat import parse_reply, render
+    from mtplx.chat import render
     from mtplx.server.signature import Signer
 
     text, in_reasoning = REPLIES[case]
-    generated = parse_reply(text, None, TOOLS)
+    generated = _finished(text, in_reasoning).reply
     for route, message in _sent_back(text, in_reasoning, Signer(key=b"k" * 32)).items():
         assert same_reply(message, generated), route
         for follow in ({"role": "user", "content": "Thanks."}, {"role": "tool", "tool_call_id": "call_0", "content": "x = 1"}):
