@@ -47,12 +47,13 @@ class DecodeBatch:
 
     def step(self) -> list[tuple]:
         """One step for every row: [(new tokens, drafts, accepted)] (drafts empty for AR rows)."""
-        return self._round() if self.mtp_mode else self._ar_step()
+        with self.runner.small_forwards():  # a few rows per matmul: MKL on one thread (runner.small_forwards)
+            return self._round() if self.mtp_mode else self._ar_step()
 
     # -- autoregressive ---------------------------------------------------------------------
     def _ar_step(self) -> list[tuple]:
         t = time.perf_counter()
-        hidden = self.runner.inner(mx.array([[g.last] for g in self.gens]), cache=self.trunk)
+        hidden = self.runner.hidden(mx.array([[g.last] for g in self.gens]), self.trunk)
         logits = self.runner.logits(hidden)[:, -1]
         mx.eval(logits)
         elapsed = time.perf_counter() - t
@@ -72,20 +73,30 @@ class DecodeBatch:
         specs = [g.speculator for g in gens]
         ks = [g.draft_budget() for g in gens]
         k = max(ks)
+        # Plain greedy rows (no tool rule) chain their drafts on the device, as a row alone does:
+        # argmax feeds the next head step as an array and the round syncs with the host once.
+        lazy = all(s.params.greedy and s.shape is None for s in specs)
         t0 = time.perf_counter()
-        drafts, dists = self._draft(specs, ks, k)
+        m = self._pending_pairs(specs)
+        drafts, dists = self._draft_lazy(m, k) if lazy else self._draft(m, specs, ks, k)
         t1 = time.perf_counter()
-        fed = [[s.last] + d for s, d in zip(specs, drafts)]
+        fed = mx.concatenate([mx.array([[s.last] for s in specs]), drafts], axis=1) if lazy else \
+            mx.array([[s.last] + d for s, d in zip(specs, drafts)])
         cache_state.set_capture(self.trunk, True)
-        hidden = runner.inner(mx.array(fed), cache=self.trunk)
+        hidden = runner.hidden(fed, self.trunk)
         logits = runner.logits(hidden)
-        rows = [logits[b] if s.shape is None else mx.stack([s.shape(logits[b, i], drafts[b][:i]) for i in range(k + 1)])
-                for b, s in enumerate(specs)]
         if any(s.shape is not None for s in specs):
-            logits = mx.stack(rows)
-        mx.eval(logits)
+            logits = mx.stack([logits[b] if s.shape is None else
+                               mx.stack([s.shape(logits[b, i], drafts[b][:i]) for i in range(k + 1)])
+                               for b, s in enumerate(specs)])
+        greedy = any(s.params.greedy for s in specs)
+        targets = mx.argmax(logits, axis=-1) if greedy else None
+        mx.eval([a for a in (targets, drafts if lazy else None) if a is not None] + ([] if greedy else [logits]))
         t2 = time.perf_counter()
-        targets = mx.argmax(logits, axis=-1).tolist() if any(s.params.greedy for s in specs) else None
+        if lazy:
+            drafts = drafts.tolist()
+        fed = [[s.last] + d for s, d in zip(specs, drafts)]
+        targets = targets.tolist() if greedy else None
         results, kept = [], []
         for b, (spec, kb) in enumerate(zip(specs, ks)):
             mine = drafts[b][:kb]
@@ -117,17 +128,29 @@ class DecodeBatch:
             spec.stats.sample_s += t3 - t2
         return results
 
-    def _draft(self, specs, ks: list[int], k: int) -> tuple[list[list[int]], list[list]]:
-        runner, B = self.runner, len(specs)
-        # Each row's pending (hidden, next token) pairs join the MTP history; rows have 1..k+1 of
-        # them, so the shorter rows are right-padded and cut back after the forward.
+    def _pending_pairs(self, specs) -> mx.array:
+        """Feed each row's pending (hidden, next token) pairs to the MTP head; (B, 1, H) of each
+        row's last. Rows have 1..k+1 pairs: shorter rows are right-padded and cut back after."""
         counts = [len(s.pending_tokens) for s in specs]
         P = max(counts)
         hidden = mx.concatenate([_pad(s.pending_hidden, P) for s in specs])
         tokens = mx.array([s.pending_tokens + [0] * (P - n) for s, n in zip(specs, counts)])
-        m = runner.mtp(hidden, runner.embedding(tokens), self.mtp)
+        m = self.runner.draft_hidden(hidden, tokens, self.mtp)
         self.mtp.trim_rows([P - n for n in counts])
-        m = m[mx.arange(B), mx.array(counts) - 1][:, None, :]
+        return m[mx.arange(len(specs)), mx.array(counts) - 1][:, None, :]
+
+    def _draft_lazy(self, m: mx.array, k: int) -> tuple[mx.array, None]:
+        """k greedy drafts per row as a lazy (B, k) array (rows allowed fewer judge only theirs)."""
+        steps = []
+        for i in range(k):
+            steps.append(mx.argmax(self.runner.logits(m)[:, -1], axis=-1))
+            if i < k - 1:
+                m = self.runner.draft_hidden(m, steps[-1][:, None], self.mtp)
+        return mx.stack(steps, axis=1), None
+
+    def _draft(self, m: mx.array, specs, ks: list[int], k: int) -> tuple[list[list[int]], list[list]]:
+        """Drafts drawn on the host, per row with its own sampler and tool rule."""
+        runner = self.runner
         drafts, dists = [[] for _ in specs], [[] for _ in specs]
         for i in range(k):
             logits = runner.logits(m)[:, -1]
@@ -148,7 +171,7 @@ class DecodeBatch:
                 drafts[b].append(token)
                 dists[b].append(q)
             if i < k - 1:
-                m = runner.mtp(m, runner.embedding(mx.array([[d[-1]] for d in drafts])), self.mtp)
+                m = runner.draft_hidden(m, mx.array([[d[-1]] for d in drafts]), self.mtp)
         return drafts, dists
 
 

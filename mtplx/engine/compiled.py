@@ -25,6 +25,8 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.qwen3 import Attention as Qwen3Attention
 from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
+from mtplx.engine.batch_cache import RaggedKVCache
+
 STEP_TOKENS = 16  # longer inputs (prefill chunks) run mlx-lm's forward
 
 
@@ -125,6 +127,12 @@ class RecurrentStep:
         return out
 
 
+def _rows_fit(rows: int, cache: list) -> bool:
+    if rows == 1:
+        return all(type(c) in (KVCache, ArraysCache) for c in cache)
+    return all(type(c) in (RaggedKVCache, ArraysCache) for c in cache)
+
+
 def _step(layer):
     if hasattr(layer, "linear_attn"):
         # Only the GatedDeltaNet gdn_capture knows: its capture contract is the one kept here.
@@ -144,8 +152,8 @@ class StepForward:
         self.inner, self.steps = inner, steps
 
     def usable(self, tokens: mx.array, cache: list) -> bool:
-        return (tokens.shape[0] == 1 and tokens.shape[1] <= STEP_TOKENS
-                and all(type(c) in (KVCache, ArraysCache) for c in cache)
+        # Several rows only as a scheduler batch (batch_cache.RaggedKVCache: per-row offsets and mask).
+        return (tokens.shape[1] <= STEP_TOKENS and _rows_fit(tokens.shape[0], cache)
                 and all(c.lengths is None for c in cache if type(c) is ArraysCache))
 
     def __call__(self, tokens: mx.array, cache: list) -> mx.array:
@@ -166,7 +174,7 @@ class HeadStep:
         self.step = AttentionStep(head.layers[0], enter=enter, leave=head.norm)
 
     def usable(self, embeds: mx.array, cache) -> bool:
-        return type(cache) is KVCache and embeds.shape[0] == 1 and embeds.shape[1] <= STEP_TOKENS
+        return type(cache) in (KVCache, RaggedKVCache) and _rows_fit(embeds.shape[0], [cache]) and embeds.shape[1] <= STEP_TOKENS
 
     def __call__(self, hidden: mx.array, embeds: mx.array, cache: KVCache) -> mx.array:
         return self.step(hidden, cache, embeds)
