@@ -152,7 +152,8 @@ class MtplxApp(App):
                          on_state=lambda state: self.post_message(ConnectionChanged(state))).run()
 
     def on_connection_changed(self, message: ConnectionChanged) -> None:
-        self.dashboard.connection(message.state)
+        if self.is_running:  # the attach worker's last messages can arrive while the app closes its screens
+            self.dashboard.connection(message.state)
 
     # -- events -----------------------------------------------------------------------------
     def feed(self, events) -> None:
@@ -161,7 +162,8 @@ class MtplxApp(App):
             self.on_engine_event_arrived(EngineEventArrived(event))
 
     def on_bank_changed(self, message: BankChanged) -> None:
-        self.dashboard.bank_changed(message.entries)
+        if self.is_running:  # as on_connection_changed: a summary arriving while the app closes is dropped
+            self.dashboard.bank_changed(message.entries)
 
     def on_turn_table_opened(self, message) -> None:
         self.open_turn(message.record)

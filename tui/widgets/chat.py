@@ -29,9 +29,8 @@ class ReplyBlock(Vertical):
 
     def compose(self):
         yield Static(label("assistant", f"finish {self.finish}"))
+        # The engine's split: reasoning cut off by max_tokens is reasoning here too, never content.
         reasoning, content = self.message.get("reasoning_content"), self.message.get("content") or ""
-        if reasoning is None and content.lstrip().startswith("<think>"):  # cut off while still reasoning
-            reasoning, content = content.split("<think>", 1)[1].strip(), ""
         if reasoning:
             yield Collapsible(Static(escape(reasoning)), title=f"reasoning · {len(reasoning.split())} words",
                               collapsed=True)
