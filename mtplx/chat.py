@@ -1,4 +1,5 @@
-"""Rendering conversations to tokens, and finding where complete messages end in them.
+"""Rendering conversations to tokens, finding where complete messages end in them, and turning
+chat input into a GenerationRequest (`chat_request`, the one place that does it).
 
 A message boundary is only an anchor if it is an *exact token prefix* of the final prompt:
 rendering `messages[:k]` must give tokens that the full render starts with. Qwen3-style templates
