@@ -77,6 +77,26 @@ def test_seeded_sampling_in_a_batch_equals_alone(engine, batch_sizes):
     assert max(batch_sizes) >= 2
 
 
+def test_a_mixed_batch_equals_each_request_alone(engine, tokenizer, batch_sizes):
+    """Rows that need the host between drafts (a sampled row, a tool rule) share a batch with plain
+    greedy rows of other depths: each row still gets exactly its tokens alone."""
+    from mtplx.engine.tool_rule import ToolRule
+
+    p = _prompts(engine)
+    rule = ToolRule("required", tokenizer.convert_tokens_to_ids("<tool_call>"), tuple(engine.eos_ids))
+    requests = lambda: [
+        GenerationRequest(p[0], SamplingParams(max_tokens=32, ignore_eos=True), depth=1, session="a"),
+        GenerationRequest(p[1], SamplingParams(max_tokens=32, ignore_eos=True), depth=3, session="b"),
+        GenerationRequest(p[2], SamplingParams(max_tokens=32, temperature=0.7, seed=3, ignore_eos=True), session="c"),
+        GenerationRequest(p[3], SamplingParams(max_tokens=32), depth=2, tool_rule=rule, session="d"),
+    ]
+    alone = [engine.submit(r).result().token_ids for r in requests()]
+    subs = [engine.submit(r) for r in requests()]
+    assert [s.result().token_ids for s in subs] == alone
+    assert max(batch_sizes) >= 3 and batch_sizes.modes == {"mtp"}
+    assert rule.call_open in alone[3]
+
+
 def _ready(engine, prompt) -> Generation:
     """A generation prefilled and past its first token, as the scheduler hands it to a batch."""
     request = GenerationRequest(prompt, SamplingParams(max_tokens=200, ignore_eos=True))
