@@ -36,6 +36,9 @@ class Restored:
     shortfall: str | None = None  # why cached < ceiling, when it is
     t: float = field(default_factory=_now)
     entry_id: str | None = None  # the bank entry restored from (None when cold or kept live)
+    # What render-ahead had prepared of this prompt's rendering when it arrived: "complete",
+    # "partial: N of M tokens", "queued: not started (M tokens)", or None (no render-ahead for it).
+    render_ahead: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ from mtplx.catalog import resolve
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import BankDecision
+from mtplx.events import BankDecision, Restored
+from mtplx.receipts.store import ReceiptStore
+from mtplx.receipts.writer import ReceiptWriter
 from mtplx.replay.live_agent import AgentSession
 from mtplx.synth.agent import Sizes, conversation
 from mtplx.synth.corpus import Corpus
@@ -40,12 +42,14 @@ class IdleGate:
         return True
 
 
-def _strip_turn(name: str, budget: int | None, cold: Engine | None = None):
+def _strip_turn(name: str, budget: int | None, receipts: ReceiptStore | None = None):
     """Drive the conversation to its second user message (a tool chain before it), letting the
     render-ahead run `budget` idle steps after the last reply; returns that turn's result."""
     engine = Engine(resolve(name), EngineConfig(chunk_size=CHUNK), name=name, bank=BankConfig()).start()
     decisions = []
-    engine.listeners.append(lambda e: decisions.append(e) if isinstance(e, BankDecision) else None)
+    engine.listeners.append(lambda e: decisions.append(e) if isinstance(e, (BankDecision, Restored)) else None)
+    if receipts is not None:
+        engine.listeners.append(ReceiptWriter(receipts, name, engine.checkpoint.identity))
     try:
         gate = IdleGate(engine)
         session = AgentSession("agent", conversation(305, Corpus(), Sizes(20, 60), 3, HEADS[0]))
@@ -78,10 +82,13 @@ def _strip_turn(name: str, budget: int | None, cold: Engine | None = None):
 
 
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
-def test_a_request_arriving_mid_render_ahead_restores_its_computed_prefix(name):
+def test_a_request_arriving_mid_render_ahead_restores_its_computed_prefix(name, tmp_path):
     none, o_none, _, _ = _strip_turn(name, budget=0)
-    part, o_part, decisions, left = _strip_turn(name, budget=3)
+    receipts = ReceiptStore(tmp_path / "receipts.db")
+    part, o_part, decisions, left = _strip_turn(name, budget=3, receipts=receipts)
     full, o_full, _, _ = _strip_turn(name, budget=None)
+    restored = [e for e in decisions if isinstance(e, Restored)]
+    decisions = [d for d in decisions if isinstance(d, BankDecision)]
     kept = [d for d in decisions if d.action == "kept_partial" and "render-ahead" in d.detail]
     assert kept, "the preempted render-ahead kept nothing"
     # Nothing prepared < a part prepared < all of it prepared; the outputs never change.
@@ -89,5 +96,13 @@ def test_a_request_arriving_mid_render_ahead_restores_its_computed_prefix(name):
     assert o_part.achieved >= o_none.achieved + CHUNK
     assert o_full.achieved >= o_full.ceiling
     assert none.token_ids == part.token_ids == full.token_ids
+    # The receipt's shortfall says the miss was idle time, and how far the render-ahead had come.
+    assert o_none.cause.startswith("render-ahead queued: not started")
+    assert o_part.cause.startswith(f"render-ahead partial: {o_part.achieved} of ")
+    assert o_full.cause is None
+    strip_event = next(e for e in restored if e.request_id == o_part.request_id)
+    assert strip_event.render_ahead == f"partial: {o_part.achieved} of {o_full.ceiling} tokens"
+    (row,) = [r for r in receipts.rows() if r["request_id"] == o_part.request_id]
+    assert row["render_ahead"] == strip_event.render_ahead and row["shortfall"] == o_part.cause
     assert left == 0  # the re-queued render-ahead ran to its end afterwards
     assert not [d for d in decisions if d.action == "render_ahead_failed"]

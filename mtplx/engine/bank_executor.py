@@ -98,7 +98,7 @@ class BankExecutor:
         """Plan the request's restore and carry it out; a damaged entry is dropped and the
         request computed cold."""
         prompt = request.prompt
-        self._preempt_render_ahead()
+        prepared = self._preempt_render_ahead(prompt)
         plan = self.bank.plan(prompt, use_mtp=use_mtp, session=request.session, chat=request.chat,
                               request_id=request.request_id)
         entry_id, position = plan.restore.entry_id, plan.restore.position
@@ -112,13 +112,19 @@ class BankExecutor:
                 log.warning("restore from %s failed (%s); computing cold", entry_id, exc)
                 self.bank.evict(entry_id, str(exc))
                 state, source, cause = None, "cold", f"restore failed, computed cold: {exc}"
+        if prepared is None and state is not None and entry.origin == "render_ahead":
+            prepared = "complete"
+        cached = state.length if state else 0
+        if prepared and not prepared.startswith("complete") and plan.ceiling and cached < plan.ceiling:
+            # The miss is idle time, not the template: say how far the preparation had come.
+            cause = f"render-ahead {prepared} when the request came"
         self.bank.record(Outcome(request.request_id, len(prompt), plan.ceiling, state.length if state else 0, source,
                                  plan.restore.anchor, cause, plan.plan_ms))
         if state is not None:
             self.bank.notify("restored", f"{state.length} tokens from {entry_id} at "
                                          f"{plan.restore.anchor or 'a cut'} (plan {plan.plan_ms:.2f} ms)")
         start = StartPoint(state, source, plan.restore.anchor, plan.ceiling, cause,
-                           entry_id if state is not None else None)
+                           entry_id if state is not None else None, prepared)
         return BankedTurn(plan, start)
 
     def commit(self, turn: BankedTurn, gen, finished) -> None:
@@ -175,18 +181,27 @@ class BankExecutor:
         else:
             self.jobs[at] = (job, steps)
 
-    def _preempt_render_ahead(self) -> None:
+    def _preempt_render_ahead(self, prompt) -> str | None:
         """A request arrived. A render-ahead part way through is progressive: it stops at its chunk
         boundary (it is suspended at one), its computed prefix is stored as an entry the request's
         plan may restore from, and it is queued again to continue from that entry later. So a
-        request that comes before the render-ahead ends still skips what was done."""
+        request that comes before the render-ahead ends still skips what was done.
+        Returns how far the render-ahead of `prompt`'s own rendering had come (None: none queued)."""
+        note = None
         for i, (job, steps) in enumerate(list(self.jobs)):
-            if job.gen is None:
-                continue  # not started: nothing to keep
+            mine = len(job.tokens) <= len(prompt) and list(prompt[: len(job.tokens)]) == job.tokens
+            if job.gen is None:  # not started: nothing to keep
+                if mine and note is None:
+                    note = f"queued: not started ({len(job.tokens)} tokens)"
+                continue
             job.preempted = True
             for _ in steps:  # returns at once: the prefill checks `preempted` before its next chunk
                 pass
+            if mine:
+                done = job.gen.prefill_cut or job.gen.stats.cached_tokens  # no chunk yet: what it restored
+                note = f"partial: {done} of {len(job.tokens)} tokens"
             self._queue(RenderJob(job.tokens, job.use_mtp, job.session), at=i)
+        return note
 
     def _render_ahead(self, job: RenderJob) -> Iterator:
         """Compute state for the next request's rendering, one prefill chunk per step."""

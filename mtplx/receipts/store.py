@@ -52,12 +52,19 @@ def _add_request_and_entry(db: sqlite_utils.Database) -> None:
     db["receipts"].create_index(["request_id"], if_not_exists=True)
 
 
+def _add_render_ahead(db: sqlite_utils.Database) -> None:
+    # how far render-ahead had prepared the prompt's rendering when the request came
+    if "render_ahead" not in db["receipts"].columns_dict:
+        db["receipts"].add_column("render_ahead", str)
+
+
 # Append-only: never edit or reorder; add a new named step instead.
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("001_create_receipts", _create),
     ("002_replay_run", _add_replay_run),
     ("003_reasoning_tokens", _add_reasoning_tokens),
     ("004_request_and_entry", _add_request_and_entry),
+    ("005_render_ahead", _add_render_ahead),
 ]
 
 

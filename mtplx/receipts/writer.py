@@ -83,7 +83,8 @@ class ReceiptWriter:
         row = state["row"]
         if isinstance(event, Restored):
             row.update(ceiling=event.ceiling, cached_tokens=event.cached_tokens, restore_source=event.source,
-                       anchor=event.anchor, shortfall=event.shortfall, entry_id=event.entry_id)
+                       anchor=event.anchor, shortfall=event.shortfall, entry_id=event.entry_id,
+                       render_ahead=event.render_ahead)
         elif isinstance(event, FirstToken):
             row["ttft_first_token_s"] = event.ttft_s
         elif isinstance(event, Tokens):  # the engine split the reply: the first content piece is visible

@@ -29,6 +29,7 @@ class StartPoint:
     ceiling: int | None = None
     shortfall: str | None = None
     entry_id: str | None = None  # the bank entry restored from
+    render_ahead: str | None = None  # what idle-time preparation had done for this prompt (bank_executor)
 
     @property
     def cached(self) -> int:
