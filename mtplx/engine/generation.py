@@ -25,6 +25,11 @@ from mtplx.reply_stream import Piece, ReplyStream, message
 from mtplx.state.turn import CheckpointHook, StartPoint, TurnState  # noqa: F401  (StartPoint: callers import it here)
 
 
+# A last prefill chunk at least this long runs its final token as a forward of its own (see
+# _chunk_ends); measured on the tiny models, one 22-token forward took 0.6x the time of 21 + 1.
+SPLIT_LAST_FROM = 64
+
+
 class Generation:
     def __init__(self, runner: ModelRunner, request: GenerationRequest, *, use_mtp: bool, depth: int,
                  chunk_size: int, eos_ids: set[int], submitted_at: float):
@@ -62,10 +67,14 @@ class Generation:
     # -- prefill ----------------------------------------------------------------------------
     def _chunk_ends(self, start: int, end: int, checkpoints: tuple[int, ...]) -> list[int]:
         grid = range((start // self.chunk_size + 1) * self.chunk_size, end, self.chunk_size)
-        # The last prompt token runs alone: only its output is needed now, so the chunk before it
-        # computes caches only (see prefill).
-        last = {end - 1} if end - 1 > start else set()
-        return sorted({*grid, *(c for c in checkpoints if start < c < end), *last, end})
+        cuts = {*grid, *(c for c in checkpoints if start < c < end)}
+        # In a long last chunk the last prompt token runs alone: only its output is needed now, so
+        # the chunk before it computes caches only (see prefill), which skips the last layer's MLP
+        # over the chunk. In a short one (a warm turn's appended tool result) that saving is
+        # smaller than a second forward's fixed cost, so it runs whole.
+        if end - 1 - max(cuts, default=start) >= SPLIT_LAST_FROM:
+            cuts.add(end - 1)
+        return sorted({*cuts, end})
 
     def prefill(self, start: StartPoint, checkpoints: tuple[int, ...], on_checkpoint: CheckpointHook | None,
                 cancelled: Callable[[], bool] = lambda: False) -> Iterator:
