@@ -99,12 +99,21 @@ class RecurrentStep:
             if (repeat := net.num_v_heads // net.num_k_heads) > 1:
                 q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
             ys, positions = [], []
-            for t in range(S):
-                y, state = gated_delta._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
-                ys.append(y)
+            # mlx-lm's _gated_delta_step_ops, position by position: the same arithmetic, with its
+            # broadcasting axes added once for all positions and the state carrying the position
+            # axis (size 1), so a step is its arithmetic alone, without per-step view ops.
+            steps = zip(*(mx.split(a, S, axis=1) if S > 1 else [a] for a in
+                          (q[..., None, :], k[..., None, :], v, g[..., None, None], beta[..., None])))
+            state = state[:, None]
+            for t, (qt, kt, vt, gt, bt) in enumerate(steps):
+                state = state * gt
+                delta = (vt - (state * kt).sum(axis=-1)) * bt
+                state = state + kt * delta[..., None]
+                ys.append((state * qt).sum(axis=-1).astype(qt.dtype))
                 if capture:
-                    positions += [conv_input[:, t + 1 : t + 1 + keep, :], state]
-            r = net.out_proj(net.norm(mx.stack(ys, axis=1), z).reshape(B, S, -1))
+                    positions += [conv_input[:, t + 1 : t + 1 + keep, :], state[:, 0]]
+            state = state[:, 0]
+            r = net.out_proj(net.norm(mx.concatenate(ys, axis=1) if S > 1 else ys[0], z).reshape(B, S, -1))
             h = x + r
             out = h + layer.mlp(layer.post_attention_layernorm(h))
             return (out, mx.contiguous(conv_input[:, -keep:, :]), state, *positions)
