@@ -20,7 +20,7 @@ from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.generation import Generation, StartPoint
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import Finished, FirstToken, Tokens
+from mtplx.events import Failed, Finished, FirstToken, Tokens
 
 TOPICS = ["Explain src/ledger/events.py", "List the tests of the parser module and what each one checks",
           "Why does the build fail?", "Rename the helper in utils and update every caller in the package please"]
@@ -243,3 +243,17 @@ def test_ragged_cache_rows_round_trip(dense_engine):
     offsets, lengths, same = dense_engine.call(run)
     assert lengths == offsets == [5, 13, 8]
     assert all(same)
+
+
+def test_a_failing_batched_step_fails_its_rows_and_the_engine_serves_on(dense_engine, monkeypatch):
+    def broken(self):
+        raise RuntimeError("simulated failure in a batched step")
+
+    monkeypatch.setattr(batch_module.DecodeBatch, "step", broken)
+    subs = [dense_engine.submit(r) for r in _requests(dense_engine, 3, max_tokens=40)]
+    ends = [list(s)[-1] for s in subs]
+    failed = [e for e in ends if isinstance(e, Failed)]
+    assert len(failed) >= 2 and all(e.kind == "internal" for e in failed)
+    monkeypatch.undo()
+    assert dense_engine.alive and dense_engine.busy is None
+    assert dense_engine.submit(_requests(dense_engine, 1)[0]).result().completion_tokens == 40

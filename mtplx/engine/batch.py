@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
 from mtplx.engine import batch_cache, cache_state
 from mtplx.engine.batch_cache import RaggedKVCache
@@ -198,5 +199,5 @@ def can_batch(gen: Generation) -> bool:
     if not batch_cache.batchable(gen.state.trunk):
         return False
     if gen.speculator is not None:
-        return (gen.runner.can_capture or not gen.runner.has_recurrent) and type(gen.state.mtp).__name__ == "KVCache"
+        return (gen.runner.can_capture or not gen.runner.has_recurrent) and type(gen.state.mtp) is KVCache
     return True

@@ -398,21 +398,28 @@ class Engine:
                 start, checkpoints, hook = StartPoint(), (), None
             seq.prefill = gen.prefill(start, checkpoints, hook, self._cancelled(sub))
         except Exception as exc:
-            with self._lock:
-                self._active.pop(request.request_id, None)
-            if isinstance(exc, RequestError):
-                self._publish(sub, Failed(request.request_id, str(exc), "invalid_request"))
-            else:
+            if not isinstance(exc, RequestError):
                 log.exception("request %s failed", request.request_id)
-                self._publish(sub, Failed(request.request_id, f"internal error in request {request.request_id}: {type(exc).__name__}", "internal"))
-            return
+            return self._failed(sub, exc)
         self.scheduler.admit(seq)
 
-    def _finish(self, seq) -> None:
-        """A sequence ended (stop, length, cancelled): its last events, then the bank's commit."""
+    def _failed(self, sub: Submission, error: Exception) -> None:
+        request_id = sub.request.request_id
+        with self._lock:
+            self._active.pop(request_id, None)
+        if isinstance(error, RequestError):
+            self._publish(sub, Failed(request_id, str(error), "invalid_request"))
+        else:
+            self._publish(sub, Failed(request_id, f"internal error in request {request_id}: {type(error).__name__}", "internal"))
+
+    def _finish(self, seq, error: Exception | None) -> None:
+        """A sequence ended: stop, length, cancelled (its last events, then the bank's commit),
+        or an error (its Failed event)."""
         from mtplx.events import Tokens
 
         gen, request = seq.gen, seq.sub.request
+        if error is not None:
+            return self._failed(seq.sub, error)
         try:
             finished, tail = gen.finish()
             if tail:

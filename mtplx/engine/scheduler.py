@@ -24,7 +24,7 @@ from typing import Callable
 from mtplx.engine.batch import DecodeBatch, can_batch
 from mtplx.engine.generation import Generation
 from mtplx.errors import RequestError
-from mtplx.events import Failed, PrefillProgress
+from mtplx.events import PrefillProgress
 
 log = logging.getLogger("mtplx.engine")
 
@@ -62,8 +62,9 @@ def kv_bytes_per_token(model_config: dict, itemsize: int, with_mtp: bool) -> int
 class Scheduler:
     def __init__(self, runner, chunk_size: int, max_batch: int, memory_budget: int,
                  publish: Callable, finish: Callable):
-        """`publish(seq, event)` hands an event out; `finish(seq)` ends a sequence (its final
-        events and the bank's commit) once its caches are its own again."""
+        """`publish(seq, event)` hands an event out; `finish(seq, error)` ends a sequence: with
+        error None its final events and the bank's commit (its caches are its own again by then),
+        else its Failed event."""
         self.runner, self.chunk_size = runner, chunk_size
         self.max_batch, self.memory_budget = max_batch, memory_budget
         self.publish, self.finish = publish, finish
@@ -95,10 +96,24 @@ class Scheduler:
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> None:
         if self.prefilling:
-            self._prefill(self.prefilling.popleft())
+            seq = self.prefilling.popleft()
+            try:
+                self._prefill(seq)
+            except Exception as exc:  # joining its batch failed: that request fails, the rest goes on
+                self._drop_group(self._key(seq), exc, also=[seq])
         for key in list(self.groups):
-            self._decode(key)
+            try:
+                self._decode(key)
+            except Exception as exc:  # a merge or hand-back failed: that batch's rows fail
+                self._drop_group(key, exc)
         self.current = None
+
+    def _drop_group(self, key, exc: Exception, also: tuple = ()) -> None:
+        log.exception("batch %s failed", key)
+        self.batches.pop(key, None)  # its caches are in an unknown state: dropped, never handed back
+        rows = self.groups.pop(key, [])
+        for seq in rows + [s for s in also if s not in rows]:
+            self._fail(seq, exc)
 
     def _prefill(self, seq: Sequence) -> None:
         self.current = seq.request_id
@@ -119,7 +134,7 @@ class Scheduler:
             if seq.gen.finish_reason is None:  # the prompt is in: the first token now, alone
                 for event in seq.gen.first_token():
                     self.publish(seq, event)
-        except Exception as exc:
+        except Exception as exc:  # its own prefill failed: only this request
             return self._fail(seq, exc)
         if seq.gen.finish_reason is not None:
             return self._end(seq)
@@ -151,11 +166,7 @@ class Scheduler:
                 for event in seq.gen.step():
                     self.publish(seq, event)
         except Exception as exc:  # a batched forward failing fails its rows, never the others
-            log.exception("decode step failed for %s", [s.request_id for s in rows])
-            for seq in list(rows):
-                self._leave(key, [seq], ended=False)
-                self._fail(seq, exc)
-            return
+            return self._drop_group(key, exc)
         done = [s for s in rows if s.gen.finish_reason is not None]
         if done:
             self._leave(key, done)
@@ -170,11 +181,10 @@ class Scheduler:
         key = self._key(seq)
         self._regroup(key, self.groups.get(key, []) + [seq])
 
-    def _leave(self, key, leaving: list[Sequence], ended: bool = True) -> None:
+    def _leave(self, key, leaving: list[Sequence]) -> None:
         self._regroup(key, [s for s in self.groups[key] if s not in leaving])
-        if ended:
-            for seq in leaving:
-                self._end(seq)
+        for seq in leaving:
+            self._end(seq)
 
     def _regroup(self, key, rows: list[Sequence]) -> None:
         """Hand the old batch's caches back to its rows, then merge the new membership (a batch
@@ -193,17 +203,15 @@ class Scheduler:
         try:
             if seq.decoding:
                 seq.gen.end_decode()
-            self.finish(seq)
+            self.finish(seq, None)
         except Exception as exc:
             self._fail(seq, exc)
 
     def _fail(self, seq: Sequence, exc: Exception) -> None:
-        request_id = seq.request_id
-        if isinstance(exc, RequestError):
-            self.publish(seq, Failed(request_id, str(exc), "invalid_request"))
-        else:
-            log.error("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
-            self.publish(seq, Failed(request_id, f"internal error in request {request_id}: {type(exc).__name__}", "internal"))
+        self.current = seq.request_id
+        if not isinstance(exc, RequestError):
+            log.error("request %s failed: %s: %s", seq.request_id, type(exc).__name__, exc)
+        self.finish(seq, exc)
 
     def drop_all(self) -> list[Sequence]:
         """Forget every sequence (the engine is failing them all); returns them."""
