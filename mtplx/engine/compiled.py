@@ -82,7 +82,7 @@ class RecurrentStep:
     """One GatedDeltaNet decoder layer, compiled whole: the same steps as gdn_capture's capturing
     forward (itself mlx-lm's CPU recurrence), with the per-position states when capturing."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, leave=None):
         net = layer.linear_attn
         keep = net.conv_kernel_size - 1
 
@@ -119,6 +119,7 @@ class RecurrentStep:
             r = net.out_proj(net.norm(mx.concatenate(ys, axis=1) if S > 1 else ys[0], z).reshape(B, S, -1))
             h = x + r
             out = h + layer.mlp(layer.post_attention_layernorm(h))
+            out = leave(out) if leave is not None else out
             return (out, mx.contiguous(conv_input[:, -keep:, :]), state, *positions)
 
         self.keep, self.net = keep, net
@@ -145,15 +146,16 @@ def _rows_fit(rows: int, cache: list) -> bool:
     return all(type(c) in (RaggedKVCache, ArraysCache) for c in cache)
 
 
-def _step(layer):
+def _step(layer, leave=None):
+    """The compiled step of one decoder layer (`leave`: applied to its output inside), or None."""
     if hasattr(layer, "linear_attn"):
         # Only the GatedDeltaNet gdn_capture knows: its capture contract is the one kept here.
         from mtplx.engine.gdn_capture import CapturingGatedDeltaNet
 
-        return RecurrentStep(layer) if isinstance(layer.linear_attn, CapturingGatedDeltaNet) else None
+        return RecurrentStep(layer, leave) if isinstance(layer.linear_attn, CapturingGatedDeltaNet) else None
     attn = getattr(layer, "self_attn", None)
     if isinstance(attn, (Qwen3Attention, Qwen3NextAttention)) and type(attn.rope) is nn.RoPE:
-        return AttentionStep(layer)
+        return AttentionStep(layer, leave=leave)
     return None
 
 
@@ -172,7 +174,7 @@ class StepForward:
         x = self.inner.embed_tokens(tokens)
         for step, c in zip(self.steps, cache):
             x = step(x, c)
-        return self.inner.norm(x)
+        return x  # the last step applied the final norm
 
 
 class HeadStep:
@@ -196,7 +198,8 @@ def build(inner) -> StepForward | None:
     """Compiled steps for the trunk, or None when one of its layers is of a kind not known here."""
     if not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
         return None
-    steps = [_step(layer) for layer in getattr(inner, "layers", [])]
+    layers = getattr(inner, "layers", [])
+    steps = [_step(layer, leave=inner.norm if i == len(layers) - 1 else None) for i, layer in enumerate(layers)]
     if not steps or any(s is None for s in steps):
         return None
     return StepForward(inner, steps)
