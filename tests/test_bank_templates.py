@@ -1,5 +1,6 @@
-"""The bank on real chat templates (Llama 3's, Gemma 3's, ours): turn markers found by probing the
-template, message spans and anchors on those turns, and sliding-window caches banked exactly."""
+"""The bank on real chat templates (Llama 3's, Gemma 3's, DeepSeek-V3's, ours): turn markers found by
+probing the template (open/close turns, or DeepSeek's role tokens), message spans and anchors on
+those turns, render-ahead cut at them, and sliding-window caches banked exactly."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mtplx.bank.spans import message_spans, reuse_ceiling
 from mtplx.chat import chat_request, render
 
 TINY = Path(__file__).resolve().parents[1] / "mtplx" / "assets" / "models" / "tiny-dense"
+DEEPSEEK = Path(__file__).resolve().parent / "fixtures" / "deepseek_v3"
 # A template of our own that adds a system turn when the conversation has none, as Llama 3.1's does.
 INJECTING = ("{{ bos_token }}{% if messages[0]['role'] != 'system' %}<|start_header_id|>system<|end_header_id|>\n\n"
              "Today is a day.<|eot_id|>{% endif %}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
@@ -35,6 +37,24 @@ def tokenizers(tmp_path_factory):
     injecting.chat_template = INJECTING
     out["injecting"] = injecting
     return out
+
+
+def deepseek_dir(dest: Path) -> Path:
+    """The real DeepSeek-V3 tokenizer and template (tests/fixtures/deepseek_v3), unzipped at `dest`."""
+    import gzip
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "tokenizer.json").write_bytes(gzip.decompress((DEEPSEEK / "tokenizer.json.gz").read_bytes()))
+    shutil.copy(DEEPSEEK / "tokenizer_config.json", dest / "tokenizer_config.json")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(deepseek_dir(tmp_path_factory.mktemp("deepseek"))))
 
 
 def test_probe_finds_each_templates_turn_tokens(tokenizers):
@@ -93,6 +113,137 @@ def test_spans_on_integer_lists():
     assert starts(Markers(1, 2, None, (9,), tools_merged=False)) == [1, 5, 9, 13]
     assert starts(Markers(1, 2, None, (), system_merged=True, tools_merged=False)) == [1, 1, 5, 9]
     assert [s.start for s in message_spans(prompt, msgs[1:], Markers(1, 2, None, (9,), tools_merged=False, lead=1))] == [5, 9, 13]
+
+
+def test_role_token_spans_on_integer_lists():
+    """Pure: role tokens 1 (user) and 2 (assistant), 3+4 one opening of a tool run, 4 alone a further
+    result, 5 closes the run and the reply after it starts right after; 0 is BOS, 9 the system text."""
+    roles = Markers(None, None, None, opens=(1, 2, 3, 4), joined=((3, 4),), after=(5,), system_bare=True, preamble=1,
+                    tools_merged=False)
+    prompt = [0, 9, 9, 1, 7, 2, 7, 8, 3, 4, 7, 4, 7, 5, 7, 8, 1, 7, 2]
+    msgs = [{"role": "system"}, {"role": "user"}, {"role": "assistant"}, {"role": "tool"}, {"role": "tool"},
+            {"role": "assistant"}, {"role": "user"}]
+    assert [(s.start, s.end) for s in message_spans(prompt, msgs, roles)] == [
+        (1, 3), (3, 5), (5, 8), (8, 11), (11, 14), (14, 16), (16, 18)]
+    anchors = prompt_anchors(prompt, roles, min_restore=1, grid=10_000)
+    assert [(a.position, a.kind) for a in anchors] == [
+        (3, "head"), (5, "message"), (8, "message"), (11, "message"), (14, "message"), (16, "message"),
+        (18, "prompt_end")]
+    assert reuse_ceiling(message_spans(prompt, msgs, roles), 6, None) == 16
+    # No system text before the first opener: no head, and spans start at the opener after BOS.
+    assert [a.kind for a in prompt_anchors([0, 1, 7, 2], roles, min_restore=1)] == ["prompt_end"]
+    assert message_spans([0, 1, 7, 2], msgs[1:2], roles)[0].start == 1
+
+
+DS_CALL = {"id": "call_0", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}
+DS_TOOLS = [CHAT[0], {"role": "user", "content": "Read a.py and b.py"},
+            {"role": "assistant", "content": "Reading both.", "tool_calls": [DS_CALL, DS_CALL]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "x = 1"},
+            {"role": "tool", "tool_call_id": "call_0", "content": "y = 2"},
+            {"role": "assistant", "content": "a.py sets x, b.py sets y."}, {"role": "user", "content": "And c.py?"},
+            {"role": "assistant", "content": "Reading it.", "tool_calls": [DS_CALL]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "z = 3"}]
+
+
+def test_probe_reads_deepseeks_role_tokens(deepseek):
+    """The real DeepSeek-V3 template has no open/close turns: the probe finds its role tokens, the
+    tool-output openers, the closing token the reply after tool results follows, and the bare system
+    prompt after BOS."""
+    markers = Markers.from_tokenizer(deepseek)
+    names = lambda ids: [deepseek.convert_ids_to_tokens(i) for i in ids]
+    assert markers.turn_start is None and markers.turn_end is None and markers.roles
+    assert names(markers.opens) == ["<｜User｜>", "<｜Assistant｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁output▁begin｜>"]
+    assert [tuple(names(pair)) for pair in markers.joined] == [("<｜tool▁outputs▁begin｜>", "<｜tool▁output▁begin｜>")]
+    assert names(markers.after) == ["<｜tool▁outputs▁end｜>"]
+    assert markers.system_bare and markers.preamble == 1 and not markers.tools_merged
+
+
+@pytest.mark.parametrize("messages", [CHAT, CHAT[1:]], ids=["system", "no-system"])
+def test_deepseek_spans_are_the_templates_own_boundaries(deepseek, messages):
+    """Each message's span starts where rendering the messages before it ends, every one of those
+    is a message anchor (the system prompt's end a head anchor), and a follow-up turn's ceiling is
+    everything the previous request and its reply held."""
+    markers = Markers.from_tokenizer(deepseek)
+    prompt = render(deepseek, messages)
+    spans = message_spans(prompt, messages, markers)
+    assert [s.index for s in spans] == list(range(len(messages)))
+    anchors = {a.position: a.kind for a in prompt_anchors(prompt, markers, min_restore=1, grid=10_000)}
+    for k in range(1, len(messages)):
+        before = render(deepseek, messages[:k], add_generation_prompt=False)
+        assert prompt[: len(before)] == before
+        assert spans[k].start == len(before), k
+        assert anchors[len(before)] == ("head" if messages[k - 1]["role"] == "system" else "message")
+    assert ("head" in anchors.values()) == (messages[0]["role"] == "system")
+    assert reuse_ceiling(spans, len(messages) - 1, None) == spans[-1].start == len(render(
+        deepseek, messages[:-1], add_generation_prompt=False))
+
+
+def test_deepseek_tool_runs_map_each_result_to_its_own_span(deepseek):
+    """Tool results (two runs: the template opens only the first with `<｜tool▁outputs▁begin｜>`) and
+    the reply after them (no role token: it follows `<｜tool▁outputs▁end｜>`) each get the span holding
+    their own text and no other message's, and every span end is an anchor."""
+    markers = Markers.from_tokenizer(deepseek)
+    prompt = render(deepseek, DS_TOOLS)
+    spans = message_spans(prompt, DS_TOOLS, markers)
+    assert [s.index for s in spans] == list(range(len(DS_TOOLS)))
+    anchors = {a.position for a in prompt_anchors(prompt, markers, min_restore=1, grid=10_000)}
+    for span, m in zip(spans, DS_TOOLS):
+        text = deepseek.decode(prompt[span.start: span.end])
+        assert m["content"] in text and not any(o["content"] in text for o in DS_TOOLS if o is not m), text
+        assert span.end in anchors or span.end == len(prompt)
+    heads = [deepseek.decode(prompt[s.start: s.start + 1]) for s in spans[1:]]
+    assert heads == ["<｜User｜>", "<｜Assistant｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁output▁begin｜>", "a",
+                     "<｜User｜>", "<｜Assistant｜>", "<｜tool▁output▁begin｜>"]
+    assert deepseek.decode(prompt[spans[5].start - 1: spans[5].start]) == "<｜tool▁outputs▁end｜>"
+
+
+@pytest.mark.parametrize("history", [CHAT[:3], DS_TOOLS[:6]], ids=["chat", "after-a-tool-run"])
+def test_deepseek_render_ahead_variants_prefix_the_next_prompt(deepseek, history):
+    """The variants rendered when a turn ends are exact prefixes of the next real prompt, for a user
+    follow-up and a tool follow-up, and reach the follow-up's own span: all the next prompt's
+    reusable tokens."""
+    from mtplx.bank.render_ahead import variants
+
+    markers = Markers.from_tokenizer(deepseek)
+    request, reply = history[:-1], history[-1]
+    chat = {"messages": request, "tools": None, "enable_thinking": None}
+    rendered = variants(deepseek, chat, reply, markers)
+    follow_ups = [{"role": "user", "content": "Now c.py, please."},
+                  {"role": "tool", "tool_call_id": "call_0", "content": "w = 4"}]
+    # After the first tool run a further result opens with "\n" (the template's flag stays set), so
+    # the two follow-ups need two variants there; before it they share one.
+    assert len(rendered) == (2 if any(m["role"] == "tool" for m in history) else 1)
+    for follow_up in follow_ups:
+        messages = request + [reply, follow_up]
+        nxt = render(deepseek, messages)
+        ceiling = reuse_ceiling(message_spans(nxt, messages, markers), len(request) + 1, None)
+        best = max((v for v in rendered if nxt[: len(v)] == v), key=len, default=None)
+        assert best is not None and len(best) == ceiling, (follow_up["role"], len(best or ()), ceiling)
+
+
+def test_a_template_with_no_turn_structure_gets_no_anchors(tokenizers):
+    """Contents joined with newlines (no template token between messages), or role tokens for user
+    and assistant but tool results as bare text (no token says where one ends): the probe declines,
+    and the prompt gets no message anchors and no spans rather than wrong ones."""
+    from transformers import AutoTokenizer
+
+    from mtplx.bank.markers import probe, probe_roles
+
+    tok = AutoTokenizer.from_pretrained(tokenizers["injecting"].name_or_path)
+    for template in ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+                     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<|start_header_id|>"
+                     "{{ m['content'] }}{% elif m['role'] == 'assistant' %}<|end_header_id|>{{ m['content'] }}"
+                     "<|end_of_text|>{% else %}{{ m['content'] }}{% endif %}{% endfor %}"):
+        tok.chat_template = template
+        for find in (probe, probe_roles):  # each declines, by None or by refusing the probe
+            try:
+                assert find(tok) is None
+            except StopIteration:
+                pass
+        markers = Markers.from_tokenizer(tok)  # ChatML's tokens (this tokenizer has them): none in its prompts
+        prompt = render(tok, CHAT, add_generation_prompt=False)
+        assert message_spans(prompt, CHAT, markers) == []
+        assert {a.kind for a in prompt_anchors(prompt, markers, min_restore=1, grid=10_000)} == {"prompt_end"}
 
 
 def test_sliding_window_restorable_positions_are_a_pure_rule():
@@ -166,20 +317,24 @@ USER_TURNS = ["Read src/app.py and tell me what it does, line by line, please.",
               "Good. Add a test for it under tests/, using pytest, and run it once."]
 
 
-@pytest.mark.parametrize("family", ["llama3", "gemma3"])
+@pytest.mark.parametrize("family", ["llama3", "gemma3", "deepseek_v3"])
 def test_real_template_turns_restore_their_ceiling_and_equal_cold(tmp_path, family):
     """A multi-turn chat (system, user, the model's own reply, user, ...) on a stand-in with the
     family's real template: every warm turn has a non-zero ceiling from the template's own turn
     markers, restores >= 0.99 of it, and its greedy output equals a cold engine's. The Gemma 3
-    stand-in has sliding-window layers (window 64, rotated long before the later turns)."""
+    stand-in has sliding-window layers (window 64, rotated long before the later turns); the
+    DeepSeek-V3 one (MLA attention, MoE, an MTP layer) has the real DeepSeek tokenizer, whose
+    template has role tokens and no closing token per turn."""
     from mtplx.bank.bank import BankConfig
     from mtplx.bank.spans import reuse_ratio
     from mtplx.engine.engine import Engine, EngineConfig
     from mtplx.engine.request import GenerationRequest
     from mtplx.engine.sampling import SamplingParams
 
-    kind = "llama" if family == "llama3" else "gemma3"
-    path = standins.build(kind, tmp_path / kind, standins.family_tokenizer(family, tmp_path / "tok"))
+    kind = {"llama3": "llama", "gemma3": "gemma3", "deepseek_v3": "deepseek_v3"}[family]
+    tokenizer = (deepseek_dir(tmp_path / "tok") if family == "deepseek_v3"
+                 else standins.family_tokenizer(family, tmp_path / "tok"))
+    path = standins.build(kind, tmp_path / kind, tokenizer)
     banked = Engine(path, EngineConfig(chunk_size=64), name=kind, bank=BankConfig(min_restore=16)).start()
     cold = Engine(path, EngineConfig(chunk_size=64), name=kind).start()
     tok = banked.checkpoint.tokenizer
@@ -238,20 +393,6 @@ def test_sliding_window_cut_before_rotation_equals_cold(tmp_path):
     finally:
         banked.stop()
         cold.stop()
-
-
-def test_a_template_without_open_close_turns_is_not_misread(tokenizers):
-    """DeepSeek-style roles (a token per role, no closing token per turn) are not open/close turns:
-    the probe says so instead of taking the end-of-sequence token for a turn opener."""
-    from mtplx.bank.markers import probe
-
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizers["injecting"].name_or_path)
-    tok.chat_template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<|start_header_id|>"
-                         "{{ m['content'] }}{% elif m['role'] == 'assistant' %}<|end_header_id|>{{ m['content'] }}"
-                         "<|end_of_text|>{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
-    assert probe(tok) is None
 
 
 def test_sliding_window_entry_survives_the_ssd_tier(tmp_path):

@@ -1,7 +1,7 @@
 """Anchor positions in a prompt: where a restore may land, found from the tokens alone.
 
 Kinds: "head" (end of the system/tools turn), "message" (end of each complete turn, by the
-template's own turn markers: see markers.py), "prompt_end", "generation_end", and a fixed "grid"
+template's own turn markers, or where the next role token opens a message: see markers.py), "prompt_end", "generation_end", and a fixed "grid"
 fallback. The planner knows token lists and
 anchors, never text or arrays.
 """
@@ -30,8 +30,27 @@ def as_tokens(tokens) -> np.ndarray:
     return np.fromiter(tokens, dtype=np.int64, count=len(tokens))
 
 
+def turn_starts(prompt, markers: Markers) -> list[int]:
+    """Positions where a turn opens (for role-token templates, where a message's span starts; one
+    may equal len(prompt): a prompt ending in a closing token opens the reply right after it)."""
+    arr = as_tokens(prompt)
+    if not markers.roles:
+        return [] if markers.turn_start is None else np.flatnonzero(arr == markers.turn_start).tolist()
+    hit = np.isin(arr, markers.opens)
+    for a, b in markers.joined:  # the second token of one opening is no opening of its own
+        hit[1:] &= ~((arr[:-1] == a) & (arr[1:] == b))
+    starts = set(np.flatnonzero(hit).tolist())
+    if markers.after:
+        starts.update((np.flatnonzero(np.isin(arr, markers.after)) + 1).tolist())
+    return sorted(starts)
+
+
 def turn_ends(prompt, markers: Markers) -> list[int]:
-    """Positions just after each turn's closing token (and its newline), i.e. complete-turn ends."""
+    """Positions just after each turn's closing token (and its newline), i.e. complete-turn ends.
+    A role-token template closes a turn where the next one opens (the first opener after BOS
+    closes nothing)."""
+    if markers.roles:
+        return [p for p in turn_starts(prompt, markers) if p > markers.preamble]
     if markers.turn_end is None:
         return []
     arr = as_tokens(prompt)
@@ -43,7 +62,11 @@ def turn_ends(prompt, markers: Markers) -> list[int]:
 
 
 def head_end(prompt, markers: Markers, ends: list[int]) -> int | None:
-    """End of the leading system turn, when the prompt opens with one (after at most a BOS token)."""
+    """End of the leading system turn, when the prompt opens with one (after at most a BOS token).
+    A role-token template's bare system prompt ends where the first message opens."""
+    if markers.roles:
+        starts = turn_starts(prompt, markers) if markers.system_bare else []
+        return starts[0] if starts and starts[0] > markers.preamble else None
     if markers.turn_start is None or not markers.system or len(prompt) < 2 or not ends:
         return None
     first = 0 if prompt[0] == markers.turn_start else 1 if prompt[1] == markers.turn_start else None

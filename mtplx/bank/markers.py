@@ -7,15 +7,22 @@ message into the first user turn, Qwen wraps a run of tool results in one user t
 adds a system turn of its own. Rendering a few probe conversations with sentinel contents and
 reading where the sentinels land tells all of that without knowing the template. Only the
 structure is kept (ids and flags); the planner never sees text.
+
+DeepSeek-style templates have no open/close turns: a token per role opens a message
+(`<｜User｜>`, `<｜Assistant｜>`, `<｜tool▁outputs▁begin｜>`), nothing closes a user's, and the system
+prompt is bare text after BOS. `probe_roles` reads those: each role's opener is the run of template
+tokens before its content less the previous message's closing run, and a message whose opener is
+empty (DeepSeek's reply after tool outputs) starts right after that closing run. The result is
+checked on the probe conversations themselves; a template read wrongly gets no markers.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Sentinel contents: plain words no template rewrites (trim, escaping) and no probe repeats.
-_SENT = ["qzxsentinel%d" % i for i in range(6)]
+_SENT = ["qzxsentinel%d" % i for i in range(8)]
 
 
 @dataclass(frozen=True)
@@ -29,15 +36,31 @@ class Markers:
     system_merged: bool = False  # the system message shares the first user turn (Gemma)
     tools_merged: bool = True  # consecutive tool results share one turn (Qwen, ChatML)
     lead: int = 0  # turns the template adds before the first message when there is no system one
+    # Role-token templates (turn_start and turn_end None): a message's span starts at one of `opens`,
+    # except the second of a `joined` pair (one opening: DeepSeek's tool-outputs begin + output begin),
+    # or right after one of `after` (a closing token with no opener behind it).
+    opens: tuple[int, ...] = ()
+    joined: tuple[tuple[int, int], ...] = ()
+    after: tuple[int, ...] = ()
+    system_bare: bool = False  # the system prompt is text before the first opener, in no turn of its own
+    preamble: int = 0  # tokens before the first opener when there is no system message (BOS)
+
+    @property
+    def roles(self) -> bool:
+        return bool(self.opens)
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "Markers":
-        """Probe the tokenizer's chat template; ChatML's tokens where it has no usable template."""
-        try:
-            found = probe(tokenizer)
-        except Exception:  # a template that refuses the probe (or none at all): fall back to ChatML
-            found = None
-        return found or chatml(tokenizer)
+        """Probe the tokenizer's chat template: open/close turns, else role tokens; ChatML's tokens
+        where it has no usable template."""
+        for find in (probe, probe_roles):
+            try:
+                found = find(tokenizer)
+            except Exception:  # a template that refuses the probe (or none at all)
+                found = None
+            if found:
+                return found
+        return chatml(tokenizer)
 
 
 def chatml(tokenizer) -> Markers:
@@ -101,3 +124,109 @@ def probe(tokenizer) -> Markers | None:
     except Exception:
         tools_merged = False
     return Markers(specials[start], specials[end], nl[0] if nl else None, system, system_merged, tools_merged, lead)
+
+
+def _added(tokenizer) -> dict[str, int]:
+    """Every added token (DeepSeek's role tokens are added but not marked special)."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return {t.content: i for i, t in decoder.items() if len(t.content) > 1}
+
+
+class _Runs:
+    """A rendered probe: the runs of adjacent template tokens just before and after a sentinel."""
+
+    def __init__(self, text: str, pattern: re.Pattern, ids: dict[str, int]):
+        self.text, self.ids = text, ids
+        hits = [(m.start(), m.end(), m.group()) for m in pattern.finditer(text)]
+        self.ending = {e: (s, g) for s, e, g in hits}
+        self.starting = {s: (e, g) for s, e, g in hits}
+
+    def before(self, sentinel: str) -> list[int]:
+        out, at = [], self.text.index(sentinel)
+        while at in self.ending:
+            at, token = self.ending[at]
+            out.insert(0, self.ids[token])
+        return out
+
+    def after(self, sentinel: str) -> list[int]:
+        out, at = [], self.text.index(sentinel) + len(sentinel)
+        while at in self.starting:
+            at, token = self.starting[at]
+            out.append(self.ids[token])
+        return out
+
+
+def probe_roles(tokenizer) -> Markers | None:
+    """The role tokens of `tokenizer`'s template, or None when it has none a message can be found by."""
+    ids = _added(tokenizer)
+    if not ids:
+        return None
+    pattern = re.compile("|".join(re.escape(s) for s in sorted(ids, key=len, reverse=True)))
+    runs = lambda messages: _Runs(_text(tokenizer, messages), pattern, ids)
+    s0, u1, a2, u3, t4, t5, a6 = _SENT[:7]
+    system, user, reply = ({"role": "system", "content": s0}, {"role": "user", "content": u1},
+                           {"role": "assistant", "content": a2})
+    chat = [system, user, reply, {"role": "user", "content": u3}]
+    # Content beside the call: DeepSeek-V3's template renders a reply with content as that content
+    # (the call is not serialised), and one without content is refused (transformers drops None).
+    call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    tools = [user, dict(reply, tool_calls=[call]), {"role": "tool", "tool_call_id": "call_0", "content": t4},
+             {"role": "tool", "tool_call_id": "call_0", "content": t5}, {"role": "assistant", "content": a6}]
+    closing = {"user": runs(chat[:2]).after(u1), "assistant": runs(chat[:3]).after(a2)}
+    full = runs(chat)
+    seen = [(full, s0, None), (full, u1, "system"), (full, a2, "user"), (full, u3, "assistant")]
+    try:  # templates without tool turns (Gemma) refuse these; their tool runs cannot occur
+        closing["tool"] = runs(tools[:3]).after(t4)
+        with_tools = runs(tools)
+        seen += [(with_tools, t4, "assistant"), (with_tools, t5, "tool"), (with_tools, a6, "tool")]
+    except Exception:
+        pass
+    bos = ids.get(getattr(tokenizer, "bos_token", None) or "")
+    opens, joined, after, system_bare = [], set(), set(), False
+    for rendered, sentinel, previous in seen:
+        run = rendered.before(sentinel)
+        close = closing.get(previous, [])
+        if previous is None and run[:1] == [bos]:
+            run = run[1:]
+        elif close and run[: len(close)] == close:
+            run = run[len(close):]
+        if run:
+            opens.append(run[0])
+            joined.update(zip(run, run[1:]))
+        elif previous is None:
+            system_bare = True
+        elif close:
+            after.add(close[-1])
+        else:
+            return None  # nothing between two messages marks where one ends
+    if not opens:
+        return None
+    markers = Markers(None, None, None, opens=tuple(dict.fromkeys(opens)), joined=tuple(sorted(joined)),
+                      after=tuple(sorted(after)), system_bare=system_bare)
+    from mtplx.bank.anchors import turn_starts
+
+    plain = tokenizer.encode(_text(tokenizer, [user, reply]), add_special_tokens=False)
+    first = turn_starts(plain, markers)
+    if not first:
+        return None
+    for tools_merged in (False, True):
+        found = replace(markers, preamble=first[0], tools_merged=tools_merged)
+        if _reads(tokenizer, found, chat) and ("tool" not in closing or _reads(tokenizer, found, tools)):
+            return found
+    return None
+
+
+def _reads(tokenizer, markers: Markers, messages: list[dict]) -> bool:
+    """Whether the spans these markers give put every probe message's content in its own span."""
+    from mtplx.bank.spans import message_spans
+
+    prompt = tokenizer.encode(_text(tokenizer, messages), add_special_tokens=False)
+    spans = message_spans(prompt, messages, markers)
+    if len(spans) != len(messages):
+        return False
+    for span, m in zip(spans, messages):
+        inside = tokenizer.decode(prompt[span.start: span.end])
+        others = [o["content"] for o, s in zip(messages, spans) if (s.start, s.end) != (span.start, span.end)]
+        if m["content"] not in inside or any(c in inside for c in others):
+            return False
+    return True

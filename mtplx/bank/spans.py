@@ -3,24 +3,28 @@
 Pure token work: turns start at the template's opening token (markers.py); how messages map to
 turns is what the probe found: a run of tool messages may share one turn (Qwen wraps them
 together), the system message may share the first user turn (Gemma), the template may add turns
-of its own before the first message (Llama 3.1's default system turn).
+of its own before the first message (Llama 3.1's default system turn). In a role-token template
+(DeepSeek) a message starts at its role token and the system prompt is the text before the first.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from mtplx.bank.anchors import Markers, as_tokens
+from mtplx.bank.anchors import Markers, as_tokens, turn_starts
 from mtplx.bank.plan import MessageSpan
 
 
 def message_spans(prompt, messages: list[dict], markers: Markers) -> list[MessageSpan]:
-    if markers.turn_start is None:
+    starts = turn_starts(as_tokens(prompt), markers)
+    if not starts:
         return []
-    starts = np.flatnonzero(as_tokens(prompt) == markers.turn_start).tolist() + [len(prompt)]
+    starts = sorted(set(starts) | {len(prompt)})
     has_system = bool(messages) and messages[0].get("role") == "system"
-    spans, turn = [], -1 if has_system else markers.lead - 1
+    spans, turn = [], -1 if has_system and not markers.system_bare else markers.lead - 1
     for k, m in enumerate(messages):
+        if markers.system_bare and m.get("role") == "system":
+            # DeepSeek's template gathers every system message into the text before the first turn
+            spans.append(MessageSpan(k, "system", min(markers.preamble, starts[0]), starts[0]))
+            continue
         shares = (markers.tools_merged and m.get("role") == "tool" and k > 0 and messages[k - 1].get("role") == "tool") \
             or (markers.system_merged and k == 1 and has_system)
         if not shares:
