@@ -257,3 +257,38 @@ def test_a_failing_batched_step_fails_its_rows_and_the_engine_serves_on(dense_en
     monkeypatch.undo()
     assert dense_engine.alive and dense_engine.busy is None
     assert dense_engine.submit(_requests(dense_engine, 1)[0]).result().completion_tokens == 40
+
+
+def test_two_banked_sessions_at_once_restore_and_equal_cold(hybrid_engine, batch_sizes):
+    """Two agents drive one banked engine at the same time (their turns interleave and batch):
+    every warm turn restores from the bank, and each agent's replies equal a cold engine's."""
+    from mtplx.bank.bank import BankConfig
+    from mtplx.synth.agent import Sizes, conversation
+    from mtplx.synth.corpus import Corpus
+    from test_bank_restore import _agent_turns
+
+    convos = {"a": conversation(77, Corpus(), Sizes(20, 50), max_user_turns=2),
+              "b": conversation(78, Corpus(), Sizes(20, 50), max_user_turns=2)}
+    cold = {name: [t[0] for t in _agent_turns(hybrid_engine, convo, 3)] for name, convo in convos.items()}
+    banked = Engine(hybrid_engine.model_path, EngineConfig(chunk_size=64), name="tiny-hybrid", bank=BankConfig()).start()
+    try:
+        warm, errors = {}, []
+
+        def drive(name):
+            try:
+                warm[name] = _agent_turns(banked, convos[name], 3)
+            except Exception as exc:  # reported below, on the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=drive, args=(name,)) for name in convos]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        assert not errors
+        assert max(batch_sizes) == 2  # the two agents' turns decoded in one batch
+        for name in convos:
+            assert [w[0] for w in warm[name]] == cold[name]
+            assert warm[name][0][1] == 0 and all(w[1] > 0 for w in warm[name][1:])
+    finally:
+        banked.stop()
