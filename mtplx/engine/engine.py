@@ -165,7 +165,10 @@ class Engine:
     def busy(self) -> str | None:
         """The request whose work runs now, else any admitted one; None when none is admitted."""
         current = self.scheduler.current if self.scheduler is not None else None
-        return current or next(iter(list(self._active)), None)
+        if current:
+            return current
+        with self._lock:  # read from other threads (/health) while the engine thread admits and ends
+            return next(iter(self._active), None)
 
     @property
     def context_window(self) -> int:
