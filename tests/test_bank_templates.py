@@ -221,6 +221,29 @@ def test_deepseek_render_ahead_variants_prefix_the_next_prompt(deepseek, history
         assert best is not None and len(best) == ceiling, (follow_up["role"], len(best or ()), ceiling)
 
 
+def test_a_role_token_template_of_other_tokens_is_read_from_the_template(tokenizers):
+    """Nothing of DeepSeek's is assumed: role tokens of another vocabulary (a token for user, one for
+    assistant, one for each tool result, the system prompt bare) are found, and the spans they give
+    are the template's own boundaries."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizers["injecting"].name_or_path)
+    tok.chat_template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<|start_header_id|>"
+                         "{{ m['content'] }}{% elif m['role'] == 'assistant' %}<|end_header_id|>{{ m['content'] }}"
+                         "<|end_of_text|>{% elif m['role'] == 'tool' %}<|eot_id|>{{ m['content'] }}{% else %}"
+                         "{{ m['content'] }}{% endif %}{% endfor %}"
+                         "{% if add_generation_prompt %}<|end_header_id|>{% endif %}")
+    markers = Markers.from_tokenizer(tok)
+    ids = lambda *names: tuple(tok.convert_tokens_to_ids(n) for n in names)
+    assert markers.opens == ids("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>") and markers.system_bare
+    messages = CHAT + [{"role": "assistant", "content": "Calling."}, {"role": "tool", "content": "x = 1"},
+                       {"role": "tool", "content": "y = 2"}]
+    prompt = render(tok, messages)
+    spans = message_spans(prompt, messages, markers)
+    for k in range(1, len(messages)):
+        assert spans[k].start == len(render(tok, messages[:k], add_generation_prompt=False)), k
+
+
 def test_a_template_with_no_turn_structure_gets_no_anchors(tokenizers):
     """Contents joined with newlines (no template token between messages), or role tokens for user
     and assistant but tool results as bare text (no token says where one ends): the probe declines,

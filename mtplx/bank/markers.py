@@ -167,20 +167,23 @@ def probe_roles(tokenizer) -> Markers | None:
     system, user, reply = ({"role": "system", "content": s0}, {"role": "user", "content": u1},
                            {"role": "assistant", "content": a2})
     chat = [system, user, reply, {"role": "user", "content": u3}]
-    # Content beside the call: DeepSeek-V3's template renders a reply with content as that content
-    # (the call is not serialised), and one without content is refused (transformers drops None).
-    call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
-    tools = [user, dict(reply, tool_calls=[call]), {"role": "tool", "tool_call_id": "call_0", "content": t4},
-             {"role": "tool", "tool_call_id": "call_0", "content": t5}, {"role": "assistant", "content": a6}]
     closing = {"user": runs(chat[:2]).after(u1), "assistant": runs(chat[:3]).after(a2)}
     full = runs(chat)
     seen = [(full, s0, None), (full, u1, "system"), (full, a2, "user"), (full, u3, "assistant")]
-    try:  # templates without tool turns (Gemma) refuse these; their tool runs cannot occur
-        closing["tool"] = runs(tools[:3]).after(t4)
-        with_tools = runs(tools)
+    # Content beside the call: DeepSeek-V3's template renders a reply with content as that content
+    # (the call is not serialised), and one without content is refused (transformers drops None).
+    # Arguments as a JSON string (DeepSeek concatenates them), else as a mapping (Qwen3.5 iterates).
+    for arguments in ('{"x": 1}', {"x": 1}):
+        call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        tools = [user, dict(reply, tool_calls=[call]), {"role": "tool", "tool_call_id": "call_0", "content": t4},
+                 {"role": "tool", "tool_call_id": "call_0", "content": t5}, {"role": "assistant", "content": a6}]
+        try:
+            tool_closing, with_tools = runs(tools[:3]).after(t4), runs(tools)
+        except Exception:  # templates without tool turns (Gemma) refuse both: their tool runs cannot occur
+            continue
+        closing["tool"] = tool_closing
         seen += [(with_tools, t4, "assistant"), (with_tools, t5, "tool"), (with_tools, a6, "tool")]
-    except Exception:
-        pass
+        break
     bos = ids.get(getattr(tokenizer, "bos_token", None) or "")
     opens, joined, after, system_bare = [], set(), set(), False
     for rendered, sentinel, previous in seen:
