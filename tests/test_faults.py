@@ -447,3 +447,31 @@ def test_abandoned_prefill_with_a_bank_frees_the_engine_and_keeps_its_prefix(tmp
         assert reply_of(retry) == reply_of(reference.chat(LONG, max_tokens=8))  # restored == cold
     finally:
         reference.close()
+
+
+def test_a_resend_right_after_an_abandon_restores_the_abandoned_prefix(tmp_path, cold):
+    """An agent that gives up on a long prompt closes the stream and resends it at once (Claude
+    Code after 300 s). The scheduler admits the resend while the abandoned prefill still runs, so
+    the cancel must land first (the server waits for the disconnect, it does not poll) and the
+    engine must end the cancelled prefill, banking its prefix, before it plans the resend."""
+    served = Served(tmp_path, chunk_size=32)
+    try:
+        mark = len(served.events)
+        body = {"model": MODEL, "messages": LONG, "max_tokens": 8, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=120) as client, client.stream("POST", served.url + "/v1/chat/completions", json=body):
+            rid = _request_id(served, mark)
+            while sum(isinstance(e, PrefillProgress) and e.request_id == rid for e in served.events) < 2:
+                time.sleep(0.005)
+        retry = served.chat(LONG, max_tokens=8)  # at once: no settle, no wait for the abandoned turn's end
+        fin = next(e for e in served.finished(rid) if e.request_id == rid)
+        done = [e for e in served.events if isinstance(e, PrefillProgress) and e.request_id == rid][-1]
+        assert fin.finish_reason == "cancelled" and done.done < done.total
+        assert retry.status_code == 200
+        assert retry.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= done.done
+    finally:
+        served.close()
+    reference = Served(None, bank=False)
+    try:
+        assert reply_of(retry) == reply_of(reference.chat(LONG, max_tokens=8))  # restored == cold
+    finally:
+        reference.close()

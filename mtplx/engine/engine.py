@@ -346,6 +346,7 @@ class Engine:
         if isinstance(work, Submission):
             with self._lock:  # active from here: a crash from now on fails it too (_fail_all)
                 self._active[work.request.request_id] = work
+            self.scheduler.reap_cancelled()  # an abandoned prompt's prefix is banked before this plans
             self._begin(work)  # one admission per step, then the step
         if self.scheduler.has_work:
             self.scheduler.step()

@@ -93,6 +93,22 @@ class Scheduler:
     def admit(self, seq: Sequence) -> None:
         self.prefilling.append(seq)
 
+    def reap_cancelled(self) -> None:
+        """End every cancelled prefill now, before the next admission plans its restore: a
+        cancelled prefill's computed prefix goes to the bank as it ends, and an agent that gave up
+        on a long prompt resends it at once (Claude Code after 300 s), so its resend must find it."""
+        for seq in [s for s in self.prefilling if s.cancelled()]:
+            self.prefilling.remove(seq)
+            self.current = seq.request_id
+            try:
+                for event in seq.prefill:  # returns at once: it checks the cancel before each chunk
+                    self.publish(seq, event)
+            except Exception as exc:
+                self._fail(seq, exc)
+                continue
+            seq.prefill = None
+            self._end(seq)
+
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> None:
         if self.prefilling:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import uuid
+from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -159,8 +160,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             return await _whole(sub, lambda fin: openai_response.completion(model_name, fin), request,
                                 budget_headers(call, sub))
         chunks = openai_response.ChatStream(model_name)
-        return StreamingResponse(_openai_sse(sub, chunks, call.include_usage, chunks.first()),
-                                 media_type="text/event-stream", headers=budget_headers(call, sub))
+        return _streamed(request, sub, _openai_sse(sub, chunks, call.include_usage, chunks.first()),
+                         budget_headers(call, sub))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -179,8 +180,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if not stream:
             return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request,
                                 budget_headers(call, sub))
-        return StreamingResponse(_openai_sse(sub, openai_response.TextCompletionStream(model_name), include_usage),
-                                 media_type="text/event-stream", headers=budget_headers(call, sub))
+        return _streamed(request, sub, _openai_sse(sub, openai_response.TextCompletionStream(model_name), include_usage),
+                         budget_headers(call, sub))
 
     # -- OpenAI Responses (Codex) -----------------------------------------------------------
     @app.post("/v1/responses")
@@ -215,7 +216,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     yield _event_sse("response.failed", {"type": "response.failed", "response": {
                         **built.response("failed"), "error": {"code": failure.type, "message": failure.message}}})
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
+        return _streamed(request, sub, stream(), budget_headers(call, sub))
 
     # -- Anthropic --------------------------------------------------------------------------
     @app.post("/v1/messages")
@@ -246,7 +247,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     failure = _failure(event)
                     yield _event_sse("error", anthropic_map.error_body(failure.status, failure.message))
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=budget_headers(call, sub))
+        return _streamed(request, sub, stream(), budget_headers(call, sub))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
@@ -255,6 +256,34 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         return {"input_tokens": len(encode(engine, cache, call, "count_tokens", raw))}
 
     return app
+
+
+async def _cancel_on_disconnect(request: Request, sub) -> None:
+    """Cancel the turn the moment its client goes away: the body has been read, so the next ASGI
+    message is the disconnect (waited for, not polled, so a resend that follows the close is
+    planned after the cancel). The engine ends it at its next chunk or step and banks a cancelled
+    prefill's prefix."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    sub.cancel()
+
+
+def _streamed(request: Request, sub, body: AsyncIterator[bytes], headers: dict) -> StreamingResponse:
+    """A turn's SSE response that also ends the turn the moment its client goes away. A write to a
+    closed connection fails too, but a long prefill writes once per chunk (seconds apart on a slow
+    machine); an agent that gave up resends at once, and its resend must find the abandoned
+    prompt's computed prefix already banked (the engine ends cancelled prefills before it admits
+    the next request)."""
+
+    async def watched():
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, sub))
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            watcher.cancel()
+
+    return StreamingResponse(watched(), media_type="text/event-stream", headers=headers)
 
 
 async def _openai_sse(sub, chunks, include_usage: bool, first: dict | None = None):
@@ -321,12 +350,7 @@ class Guard:
 async def _whole(sub, build, request: Request, headers: dict | None = None):
     """Run a non-streamed turn to the end; a client that goes away cancels it."""
 
-    async def watch():
-        while not await request.is_disconnected():
-            await asyncio.sleep(0.05)
-        sub.cancel()  # at its next chunk or step; a cancelled prefill's prefix stays in the bank
-
-    watcher = asyncio.create_task(watch())
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, sub))
     fin = None
     try:
         async for event in events(sub):
