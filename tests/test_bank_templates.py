@@ -197,6 +197,33 @@ def test_deepseek_tool_runs_map_each_result_to_its_own_span(deepseek):
     assert deepseek.decode(prompt[spans[5].start - 1: spans[5].start]) == "<｜tool▁outputs▁end｜>"
 
 
+def test_deepseek_misses_are_attributed_to_the_message(deepseek):
+    """Below the ceiling, the cause names the message where the prompt left the entry: an edited
+    user message, the bare system prompt, and a reply whose tool call the model generated but the
+    template drops when it renders history."""
+    from mtplx.bank.plan import attribute_miss
+
+    markers = Markers.from_tokenizer(deepseek)
+    call = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read\n```json\n{}\n```<｜tool▁call▁end｜>"
+
+    def cause(entry_messages, messages, generated=None):
+        entry = render(deepseek, entry_messages)
+        entry += deepseek.encode(generated or messages[len(entry_messages)]["content"], add_special_tokens=False)
+        prompt = render(deepseek, messages)
+        spans = message_spans(prompt, messages, markers)
+        ceiling = reuse_ceiling(spans, len(entry_messages) + 1, None)
+        return attribute_miss(prompt, spans, 0, ceiling, tuple(entry), other_identity=False, evicted_match=0,
+                              note=None, think_id=None).cause
+
+    follow = CHAT[:3] + [{"role": "user", "content": "And b.py?"}]
+    edited = [CHAT[0], {"role": "user", "content": "Read c.py"}] + follow[2:]
+    assert cause(CHAT[:2], edited).startswith("user[1] re-rendered differently")
+    assert cause(CHAT[:2], [{"role": "system", "content": "Be brief."}] + follow[1:]) == "system or tools changed"
+    with_call = CHAT[:2] + [{"role": "assistant", "content": "Reading.", "tool_calls": [DS_CALL]},
+                            {"role": "tool", "tool_call_id": "call_0", "content": "x = 1"}]
+    assert cause(CHAT[:2], with_call, "Reading." + call).startswith("assistant[2] re-rendered differently")
+
+
 @pytest.mark.parametrize("history", [CHAT[:3], DS_TOOLS[:6]], ids=["chat", "after-a-tool-run"])
 def test_deepseek_render_ahead_variants_prefix_the_next_prompt(deepseek, history):
     """The variants rendered when a turn ends are exact prefixes of the next real prompt, for a user
