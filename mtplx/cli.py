@@ -185,6 +185,8 @@ def tui(
                                           help="With --attach: the server's API key (sent as a bearer token)."),
     context_window: Optional[int] = typer.Option(None, "--context-window", min=256, help="Tokens of context (prompt + "
                                                  "reply) to allow; default: the model's max_position_embeddings."),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, max=64, help="Requests decoding together "
+                                            "(one batched forward per step; default 8, 1 = one at a time)."),
     replay: Optional[Path] = typer.Option(None, "--replay", exists=True, dir_okay=False,
                                           help="Open the replay screen on this transcript (the `mtplx replay` format)."),
 ) -> None:
@@ -201,7 +203,7 @@ def tui(
     try:
         sock = None if no_serve else _listen("127.0.0.1", port)  # a busy port fails before the model loads
         engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd, context_window=context_window,
-                             **_budgets(bank_ram, bank_ssd))
+                             max_batch=max_batch, **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
         _fail(exc)
     _window_notice(engine)
@@ -237,6 +239,8 @@ def serve(
     bank_ssd: Optional[str] = typer.Option(None, "--bank-ssd", help=BANK_SSD_HELP),
     context_window: Optional[int] = typer.Option(None, "--context-window", min=256, help="Tokens of context (prompt + "
                                                  "reply) to allow; default: the model's max_position_embeddings."),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, max=64, help="Requests decoding together "
+                                            "(one batched forward per step; default 8, 1 = one at a time)."),
 ) -> None:
     """Serve the OpenAI + Anthropic compatible API (headless). SIGTERM or ctrl+c stops it cleanly:
     in-flight turns end, the bank is flushed to SSD, exit 0."""
@@ -250,7 +254,7 @@ def serve(
     try:
         sock = _listen(host, port)  # a busy port fails at once, not after the model loads
         engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd, context_window=context_window,
-                             **_budgets(bank_ram, bank_ssd))
+                             max_batch=max_batch, **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
         _fail(exc)
     _window_notice(engine)

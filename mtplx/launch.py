@@ -16,18 +16,20 @@ from mtplx.settings import tuned_default
 
 
 def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int = 256,
-                  context_window: int | None = None) -> EngineConfig:
+                  context_window: int | None = None, max_batch: int | None = None) -> EngineConfig:
     # `mtplx tune` stores under the loaded checkpoint's identity, which names an fp32 cast.
     salted = tuned_default(model_identity(model_path, "fp32")) if predicted().startswith("cpu fp32") else None
     tuned = salted or tuned_default(model_identity(model_path)) or {}
     use_mtp = False if no_mtp else tuned.get("mtp", True) if depth is None else True
     return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2),
-                        context_window=context_window)
+                        context_window=context_window,
+                        **({"max_batch": max_batch} if max_batch is not None else {}))
 
 
 def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank: bool = True,
                 receipts: bool = True, ssd: bool = True, bank_ram: int | None = None,
-                bank_ssd: int | None = None, context_window: int | None = None) -> Engine:
+                bank_ssd: int | None = None, context_window: int | None = None,
+                max_batch: int | None = None) -> Engine:
     """A started engine; with a session bank unless bank=False (RAM budget `bank_ram` bytes, else a
     quarter of free memory), persisted under $MTPLX_HOME/bank unless ssd=False (disk budget
     `bank_ssd` bytes, else a tenth of the free disk up to 20 GiB), and every turn written to the
@@ -37,7 +39,7 @@ def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank
 
     path = resolve(model)
     bank_config = (BankConfig(budget_bytes=bank_ram) if bank_ram else BankConfig()) if bank else None
-    engine = Engine(path, engine_config(path, depth, no_mtp, context_window=context_window), name=model if "/" not in model else None,
+    engine = Engine(path, engine_config(path, depth, no_mtp, context_window=context_window, max_batch=max_batch), name=model if "/" not in model else None,
                     bank=bank_config, ssd=SsdConfig.default(budget_bytes=bank_ssd) if bank and ssd else None).start()
     if (line := notice(activate())) is not None:  # the one notice when the CPU fast path is missing
         print(line, file=sys.stderr)
