@@ -244,8 +244,7 @@ class BankExecutor:
         """Run one unit of idle work (one render-ahead chunk, else an SSD write); returns whether
         any remains. Render-ahead goes first: the client's next request is seconds away (Codex
         resends ~2 s after a reply) and needs it, while an SSD write only matters after a restart
-        (the entry is in RAM meanwhile, and a shutdown flushes what is pending). Writing a long
-        turn's entry first cost Codex its render-ahead (0.947 of the ceiling)."""
+        (the entry is in RAM meanwhile, and a shutdown flushes what is pending)."""
         while self.jobs:
             try:
                 next(self.jobs[0][1])
