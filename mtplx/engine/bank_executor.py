@@ -241,10 +241,14 @@ class BankExecutor:
         return bool(self.jobs) or self.bank.writes_due
 
     def idle_step(self) -> bool:
-        """Run one unit of idle work (one render-ahead chunk, else an SSD write); returns whether
-        any remains. Render-ahead goes first: the client's next request is seconds away (Codex
-        resends ~2 s after a reply) and needs it, while an SSD write only matters after a restart
-        (the entry is in RAM meanwhile, and a shutdown flushes what is pending)."""
+        """Run one unit of idle work (an SSD write, else one render-ahead chunk); returns whether
+        any remains. Writes go first: a write is one step that cannot be preempted, so it is done
+        right after the turn, not when the client's next request may be arriving (with render-ahead
+        first, writes piled up behind it, and bench/turns.py measured a 0.47 s warm-turn TTFT with
+        MTP on, against 0.05 s for mlx-lm)."""
+        if self.bank.writes_due:
+            self.bank.persist_one()
+            return True
         while self.jobs:
             try:
                 next(self.jobs[0][1])
@@ -255,7 +259,4 @@ class BankExecutor:
                 log.exception("render-ahead failed")
                 self.bank.notify("render_ahead_failed", f"{type(exc).__name__}: {exc}")
                 self.jobs.popleft()
-        if self.bank.writes_due:
-            self.bank.persist_one()
-            return True
         return self.has_idle_work
