@@ -231,16 +231,37 @@ def _follow_up_is_normal(served: Served, cold) -> None:
     assert "cancelled" in finishes and finishes.count("stop") + finishes.count("length") >= 1  # no lost receipt
 
 
-def abandon_in_prefill(served: Served) -> tuple[Finished, PrefillProgress]:
-    """Stream LONG and leave after its first prefill chunk: the turn's end and its last progress."""
+def leave_in_prefill(served: Served, chunks: int = 1) -> str:
+    """Stream LONG and close the connection after `chunks` prefill chunks; its request id."""
     mark = len(served.events)
     body = {"model": MODEL, "messages": LONG, "max_tokens": 8, "temperature": 0, "stream": True}
     with httpx.Client(timeout=120) as client, client.stream("POST", served.url + "/v1/chat/completions", json=body):
         rid = _request_id(served, mark)
-        while not any(isinstance(e, PrefillProgress) and e.request_id == rid for e in served.events):
-            time.sleep(0.01)
+        while sum(isinstance(e, PrefillProgress) and e.request_id == rid for e in served.events) < chunks:
+            time.sleep(0.005)
+    return rid
+
+
+def ended(served: Served, rid: str) -> tuple[Finished, PrefillProgress]:
+    """A request's Finished event and its last prefill progress."""
     fin = next(e for e in served.finished(rid) if e.request_id == rid)
     return fin, [e for e in served.events if isinstance(e, PrefillProgress) and e.request_id == rid][-1]
+
+
+def abandon_in_prefill(served: Served) -> tuple[Finished, PrefillProgress]:
+    """Stream LONG and leave after its first prefill chunk: the turn's end and its last progress."""
+    return ended(served, leave_in_prefill(served))
+
+
+def resend_restored_and_equals_cold(retry: httpx.Response, done: PrefillProgress) -> None:
+    """The resent LONG restored at least what the abandoned one computed, and answers as cold."""
+    assert retry.status_code == 200
+    assert retry.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= done.done
+    reference = Served(None, bank=False)
+    try:
+        assert reply_of(retry) == reply_of(reference.chat(LONG, max_tokens=8))  # restored == cold
+    finally:
+        reference.close()
 
 
 def test_abandoned_during_prefill_frees_the_engine(cold):
@@ -438,15 +459,9 @@ def test_abandoned_prefill_with_a_bank_frees_the_engine_and_keeps_its_prefix(tmp
         assert fin.finish_reason == "cancelled" and done.done < done.total
         served.engine.settle()
         retry = served.chat(LONG, max_tokens=8)
-        assert retry.status_code == 200
-        assert retry.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= done.done
     finally:
         served.close()
-    reference = Served(None, bank=False)
-    try:
-        assert reply_of(retry) == reply_of(reference.chat(LONG, max_tokens=8))  # restored == cold
-    finally:
-        reference.close()
+    resend_restored_and_equals_cold(retry, done)
 
 
 def test_a_resend_right_after_an_abandon_restores_the_abandoned_prefix(tmp_path, cold):
@@ -456,22 +471,10 @@ def test_a_resend_right_after_an_abandon_restores_the_abandoned_prefix(tmp_path,
     engine must end the cancelled prefill, banking its prefix, before it plans the resend."""
     served = Served(tmp_path, chunk_size=32)
     try:
-        mark = len(served.events)
-        body = {"model": MODEL, "messages": LONG, "max_tokens": 8, "temperature": 0, "stream": True}
-        with httpx.Client(timeout=120) as client, client.stream("POST", served.url + "/v1/chat/completions", json=body):
-            rid = _request_id(served, mark)
-            while sum(isinstance(e, PrefillProgress) and e.request_id == rid for e in served.events) < 2:
-                time.sleep(0.005)
+        rid = leave_in_prefill(served, chunks=2)
         retry = served.chat(LONG, max_tokens=8)  # at once: no settle, no wait for the abandoned turn's end
-        fin = next(e for e in served.finished(rid) if e.request_id == rid)
-        done = [e for e in served.events if isinstance(e, PrefillProgress) and e.request_id == rid][-1]
+        fin, done = ended(served, rid)
         assert fin.finish_reason == "cancelled" and done.done < done.total
-        assert retry.status_code == 200
-        assert retry.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= done.done
     finally:
         served.close()
-    reference = Served(None, bank=False)
-    try:
-        assert reply_of(retry) == reply_of(reference.chat(LONG, max_tokens=8))  # restored == cold
-    finally:
-        reference.close()
+    resend_restored_and_equals_cold(retry, done)
