@@ -104,7 +104,7 @@ class Trunk:
     sanitize: Any  # the architecture's own sanitize (the head's layer may need it), or None
 
 
-def load_trunk(path: Path) -> Trunk:
+def load_trunk(path: Path, lazy: bool = False) -> Trunk:
     from mlx_lm.utils import load_model
 
     from mtplx.engine import mtp_head as heads
@@ -125,13 +125,15 @@ def load_trunk(path: Path) -> Trunk:
             return own["sanitize"](rest) if own["sanitize"] else rest
 
     try:
-        model, config = load_model(path, get_model_classes=lambda config: (KeepingMTP, args_cls))
+        model, config = load_model(path, lazy=lazy, get_model_classes=lambda config: (KeepingMTP, args_cls))
     except (ValueError, KeyError, TypeError, RuntimeError, AttributeError, IndexError) as exc:
         raise ModelLoadError(f"{files[0] if len(files) == 1 else path}: weights do not fit the architecture in config.json ({exc})") from exc
     return Trunk(model, config, head_weights, own.get("sanitize"))
 
 
-def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
+def load_checkpoint(path: Path, name: str | None = None, shard=None) -> Checkpoint:
+    """`shard`: called with the lazily loaded trunk before any weight is evaluated (mtplx/distributed/
+    shard.py); it returns the layout tag, which the identity then names."""
     import mlx.core as mx
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
@@ -145,8 +147,9 @@ def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
         generation.defaults(SamplingParams())
     except ValueError as exc:
         raise ModelLoadError(f"{path / 'generation_config.json'}: {exc}") from exc
-    trunk = load_trunk(path)
+    trunk = load_trunk(path, lazy=shard is not None)
     model, config = trunk.model, trunk.config
+    layout = shard(model) if shard is not None else None  # this rank's part only is read below
     model_type = config["model_type"]
     try:
         tokenizer = load_tokenizer(path, eos_token_ids=list(generation.eos_token_ids) or None)
@@ -163,9 +166,11 @@ def load_checkpoint(path: Path, name: str | None = None) -> Checkpoint:
     if mtp is not None:
         mx.eval(mtp.parameters())
     compute = prepare_compute(model, mtp)  # the CPU fast path: fp32 weights (see engine/compute.py)
+    if layout is not None:
+        mx.eval(model.parameters())
     return Checkpoint(name=name or hub_cache.repo_id_of(path) or path.name, path=path, config=config, model=model,
-                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path, "fp32" if compute.cast else ""),
-                      model_type=model_type, extras={"moe_float32": moe_on_cpu, "compute": compute.label},
+                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path, "fp32" if compute.cast else "") + (f"@{layout}" if layout else ""),
+                      model_type=model_type, extras={"moe_float32": moe_on_cpu, "compute": compute.label, "layout": layout},
                       generation=generation, mtp_notice=notice,
                       tool_format=tool_formats.detect(tokenizer))
 

@@ -54,8 +54,10 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         cache[0], cache[1] = mx.contiguous(conv_input[:, -keep:, :]), state
         cache.advance(S)
         cache.positions = positions
-        out = self.norm(mx.stack(ys, axis=1), z)
-        return self.out_proj(out.reshape(B, S, -1))
+        out = self.out_proj(self.norm(mx.stack(ys, axis=1), z).reshape(B, S, -1))
+        if self.sharding_group is not None:  # tensor parallel: each rank holds some heads (as mlx-lm sums)
+            out = mx.distributed.all_sum(out, group=self.sharding_group)
+        return out
 
 
 def install(model) -> bool:

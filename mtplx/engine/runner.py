@@ -33,13 +33,20 @@ class ModelRunner:
         tied = getattr(getattr(outer, "args", None), "tie_word_embeddings", False) or getattr(outer, "tie_word_embeddings", False) \
             or not hasattr(outer, "lm_head")
         self._project = self.embedding.as_linear if tied else outer.lm_head
+        if not tied and getattr(outer, "sharding_group", None) is not None:  # a vocab-sharded head (tp)
+            from mlx_lm.models.base import gather_last_axis
+
+            self._project = lambda h: gather_last_axis(outer.lm_head(h), outer.sharding_group)
         self._head_transform = head_transform(outer)
         self.has_recurrent = any(hasattr(layer, "linear_attn") for layer in self.model.layers)
         self.can_capture = gdn_capture.install(self.model) if self.has_recurrent else True
         # Short steps (decode, verify, draft) through compiled layers where the family is known;
         # on the CPU backend only, where per-op dispatch is what such a step costs.
         on_cpu = mx.default_device() == mx.cpu
-        self._steps = compiled.build(self.inner) if on_cpu else None
+        # A sharded trunk (mtplx/distributed) keeps mlx-lm's forward: its layers hold the collectives.
+        self.sharded = bool(checkpoint.extras.get("layout"))
+        self._steps = compiled.build(self.inner) if on_cpu and not self.sharded else None
+        self.agree = None  # set on sharded ranks: every rank takes rank 0's logits (distributed/lockstep.py)
         self._head_steps = compiled.build_head(self.mtp) if on_cpu else None
 
     # -- caches -----------------------------------------------------------------------------
@@ -59,7 +66,8 @@ class ModelRunner:
         return self.inner(ids, cache=cache)
 
     def logits(self, hidden: mx.array) -> mx.array:
-        return self._head_transform(self._project(hidden)).astype(mx.float32)
+        logits = self._head_transform(self._project(hidden)).astype(mx.float32)
+        return self.agree(logits) if self.agree is not None else logits
 
     def embed(self, tokens: list[int] | mx.array) -> mx.array:
         return self.embedding(_batch(tokens))

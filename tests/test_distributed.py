@@ -1,0 +1,97 @@
+"""Sharded runs on MLX's ring backend: ranks over loopback on this machine (tests/rank_worker.py).
+
+Each test starts its own short-lived ring (a few seconds). Skipped, with the reason, where this
+MLX has no distributed backend.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import mlx.core as mx
+
+from mtplx.catalog import resolve
+from mtplx.distributed.launch import LocalRing
+from mtplx.distributed.layout import Layout, LayoutError, check, refusal
+from mtplx.engine.checkpoint import read_config
+
+WORKER = Path(__file__).with_name("rank_worker.py")
+
+needs_ring = pytest.mark.skipif(not mx.distributed.is_available(), reason="this MLX build has no distributed backend")
+
+
+def ring(tmp_path, n, job, *args, env=None, grace_s=20.0, timeout_s=120.0):
+    """Run `job` on n ranks; (exit codes, seconds to each exit, rank 0's findings or None)."""
+    out = tmp_path / f"{job}-{n}.json"
+    with LocalRing([sys.executable, str(WORKER), job, str(out), *args], n, env=env) as r:
+        codes = r.wait(grace_s, timeout_s)
+        ended = list(r.ended)
+    return codes, ended, json.loads(out.read_text()) if out.exists() else None
+
+
+# -- pure: the layout and what is refused before loading ----------------------------------------
+def test_layout_tag_names_mode_world_rank_and_split():
+    assert Layout("tp", 2, 1).tag == "tp2r1"
+    assert Layout("pp", 4, 0, (1, 1, 1, 1)).tag == "pp4r0s1-1-1-1"
+    with pytest.raises(ValueError, match="world size"):
+        Layout("tp", 1, 0)
+    with pytest.raises(ValueError, match="split"):
+        Layout("tp", 2, 0, (2, 2))
+
+
+def test_unsupported_combinations_are_refused_from_the_config():
+    dense, hybrid = read_config(resolve("tiny-dense")), read_config(resolve("tiny-hybrid"))
+    assert refusal(dense, Layout("tp", 2, 0)) is None and refusal(hybrid, Layout("pp", 4, 0)) is None
+    assert "num_key_value_heads divisible by 4" in refusal(dense, Layout("tp", 4, 0))
+    assert "at least 8 layers" in refusal(hybrid, Layout("pp", 8, 0))
+    assert "adds up to 5" in refusal(hybrid, Layout("pp", 2, 0, (3, 2)))
+    with pytest.raises(LayoutError, match="cannot run sharded"):
+        check(dense, Layout("tp", 4, 1))
+
+
+# -- rings ---------------------------------------------------------------------------------------
+@needs_ring
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_smoke(tmp_path, n):
+    codes, _, found = ring(tmp_path, n, "smoke")
+    assert codes == [0] * n
+    assert found["sum"] == n * (n + 1) / 2 and found["gathered"] == [[r, 7] for r in range(n)]
+    assert found["bytes"] == "hello ring" and found["rank0"] == 10.0
+    assert found["everyone"] == [[n * (n + 1) // 2, 10, 1]] * n  # every rank saw the same
+
+
+@needs_ring
+@pytest.mark.parametrize("model,mode", [("tiny-dense", "tp"), ("tiny-hybrid", "tp"), ("tiny-hybrid", "pp")])
+def test_sharded_logits_equal_one_process(tmp_path, model, mode):
+    """A 40-token prompt and three decode steps: tensor parallel within 1e-4 (the sum over ranks
+    rounds differently), pipeline parallel bit-exact (each layer's arithmetic is unchanged)."""
+    codes, _, found = ring(tmp_path, 2, "logits", model, mode)
+    assert codes == [0, 0]
+    assert found["layout"] == f"{mode}2r0" and found["identity"].endswith(f"@{mode}2r0")
+    assert found["argmax_equal"]
+    if mode == "pp":
+        assert found["exact"], found
+    else:
+        assert found["max_abs"] < 1e-4, found
+
+
+@needs_ring
+def test_qwen3_pipeline_is_refused_at_start(tmp_path):
+    codes, _, found = ring(tmp_path, 2, "logits", "tiny-dense", "pp")
+    assert codes[0] != 0 and found is None
+
+
+@needs_ring
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_lost_or_hung_peer_ends_every_other_rank_within_the_watchdog_time(tmp_path, n):
+    """The last rank exits between two collectives; with 4 ranks rank 1 also hangs (alive, silent).
+    Every other rank exits 3 with its one line within the watchdog's 4 s (plus start-up)."""
+    codes, ended, found = ring(tmp_path, n, "kill", env={"MTPLX_TEST_WATCHDOG_S": "4"}, grace_s=6.0)
+    assert found is None
+    waiting = [r for r in range(n - 1) if not (n > 2 and r == 1)]
+    assert all(codes[r] == 3 for r in waiting), codes
+    assert max(ended[r] for r in waiting) < 4 + 8, ended
