@@ -113,3 +113,28 @@ def test_rejection_sampling_reproduces_the_target_distribution():
         kept, extra = accept_drafts(target, [draft], [q], sampler)
         counts[draft if kept else extra] += 1
     assert np.abs(counts / trials - p).max() < 0.03
+
+
+def test_a_first_token_that_shows_nothing_leads_with_plain_steps(engine, tokenizer):
+    """A reply that opens with markup the client is not shown (here a tool call, held back until
+    complete) takes a few plain steps before the MTP head's prompt KV is computed, so the first
+    delta never waits for it; the output is still exactly AR greedy's."""
+    from mtplx.engine.generation import HIDDEN_LEAD
+    from mtplx.events import DraftVerified, Tokens
+
+    convo = conversation(42, Corpus(), Sizes(10, 30), max_user_turns=1)
+    prompt = tuple(render(tokenizer, convo["messages"][:2], convo["tools"]))
+    ar = _run(engine, prompt, use_mtp=False, max_tokens=24)
+    sub = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=24), use_mtp=True, depth=2))
+    events = list(sub)
+    assert events[-1].token_ids == ar.token_ids
+    before_drafts = []
+    for event in events:
+        if isinstance(event, DraftVerified):
+            break
+        if isinstance(event, Tokens):
+            before_drafts.extend(event.token_ids)
+    first = next(e for e in events if isinstance(e, Tokens))
+    assert first.token_ids == ar.token_ids[:1] and not first.pieces  # it showed the client nothing
+    assert len(before_drafts) == HIDDEN_LEAD + 1  # the first token, then the plain steps
+    assert events[-1].stats.verify_calls > 0 and events[-1].stats.mtp_prefill_s > 0

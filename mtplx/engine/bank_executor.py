@@ -30,6 +30,20 @@ log = logging.getLogger("mtplx.bank")
 # Chunking leaves a prefill's values bit-identical on MLX's reference CPU path and changes them only
 # in fp32 rounding on MKL (whose rows round by the call's row count), as any restore point does.
 IDLE_CHUNK = 64
+# A chunk's attention grows with the context it reads, and on MLX's CPU backend its softmax is
+# exp-bound (~50 M exp/s here): a 64-token chunk took ~50 ms at 1k tokens of context and ~130 ms at
+# 3k. So a longer rendering runs smaller chunks, keeping the wait of a request that arrives about
+# the same; the floor bounds the fixed cost per forward (~4-8 ms on the tiny models).
+IDLE_CHUNK_MIN = 16
+
+
+def idle_chunk(length: int, largest: int = IDLE_CHUNK) -> int:
+    """The render-ahead chunk for a rendering of `length` tokens: `largest` up to 1k tokens, halved
+    per doubling beyond (a power of two, so cold and restored prefills share boundaries)."""
+    chunk = largest
+    while chunk > IDLE_CHUNK_MIN and length > 1024 * largest // chunk:
+        chunk //= 2
+    return chunk
 
 
 def restore(entry: Entry, position: int) -> TurnState:
@@ -221,7 +235,7 @@ class BankExecutor:
             except Exception as exc:  # a damaged SSD entry: drop it and compute this branch cold
                 self.bank.evict(plan.restore.entry_id, str(exc))
         gen = Generation(self.runner, GenerationRequest(tuple(tokens), source="render_ahead", session=session),
-                         use_mtp=use_mtp, depth=1, chunk_size=self.idle_chunk, eos_ids=set(), submitted_at=time.monotonic())
+                         use_mtp=use_mtp, depth=1, chunk_size=idle_chunk(len(tokens), self.idle_chunk), eos_ids=set(), submitted_at=time.monotonic())
         turn = BankedTurn(plan, StartPoint(state))
         job.gen = gen
         for _ in gen.prefill(turn.start, turn.checkpoints, turn.capture, lambda: job.preempted):

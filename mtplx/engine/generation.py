@@ -7,6 +7,7 @@ starts from a restored state run the same forward boundaries.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import Callable, Iterator
@@ -28,6 +29,14 @@ from mtplx.state.turn import CheckpointHook, StartPoint, TurnState  # noqa: F401
 # A last prefill chunk at least this long runs its final token as a forward of its own (see
 # _chunk_ends); on the tiny models one 22-token forward took 0.6x (dense) to 0.96x (hybrid) of 21 + 1.
 SPLIT_LAST_FROM = 64
+# A prefill chunk of at most this many tokens (a warm turn's appended tool result, a render-ahead
+# chunk) runs MKL on one thread, as decode steps do (compute.blas_threads): on this 2-core CPU a
+# 16-token chunk at 1k context took 12 ms on one thread vs 25-32 ms on two, 64 tokens 41-55 vs
+# 59-67 ms; at 256 tokens the two were even. Bits do not change with the thread count.
+ONE_THREAD_UP_TO = 64
+# At most this many plain steps after a first token that shows the client nothing, before the MTP
+# head's prompt KV is computed (first_token): enough for `<think>` + newline.
+HIDDEN_LEAD = 2
 
 
 class Generation:
@@ -61,6 +70,7 @@ class Generation:
         self.stop_token: int | None = None  # the end-of-sequence token that ended the turn
         self.last_hidden_at_end = None  # hidden at the cache's last position, after feed_tail
         self.prefill_cut: int | None = None  # where a cancelled prefill stopped (its state is kept)
+        self.eager_mtp = request.source == "render_ahead"  # the MTP head's KV with each prefill chunk
         self.last: int | None = None  # generated, not yet fed to the trunk (AR decoding)
         self._t0 = 0.0  # when decoding began (perf_counter)
 
@@ -99,31 +109,41 @@ class Generation:
                     self.state, self.last_hidden, self.prefill_cut = state, last_hidden, state.length
                 return
             begin = state.length
-            hidden = self.runner.hidden(prompt[begin:end], state.trunk)
-            if self.use_mtp and state.mtp is not None:
-                # Pair each hidden with the prompt token after it; the last prompt position
-                # pairs with the first generated token later. A restore may hand over one
-                # pending hidden (position begin-1) whose pair is completed here.
-                pairs = hidden if end < len(prompt) else hidden[:, :-1]
-                first = begin + 1
-                if state.mtp_pending is not None:
-                    pairs, first, state.mtp_pending = mx.concatenate([state.mtp_pending, pairs], axis=1), begin, None
-                if pairs.shape[1]:
-                    self.runner.draft_hidden(pairs, prompt[first : first + pairs.shape[1]], state.mtp)
-            # Only the caches must exist now. The trunk's output over the chunk feeds the MTP head's
-            # KV, which stays lazy until the first draft (after the first token is out); of the last
-            # chunk, the final position samples that token. Not forcing the rest skips the last
-            # layer's MLP over the prompt, as mlx-lm's prefill does (a fifth of it on 4 layers).
-            mx.eval([c.state for c in state.trunk if c is not None] + ([hidden[:, -1:, :]] if end == len(prompt) else []))
+            with self.runner.small_forwards() if end - begin <= ONE_THREAD_UP_TO else contextlib.nullcontext():
+                last_hidden = self._prefill_chunk(prompt, begin, end, state)
             state.tokens.extend(prompt[begin:end])
             state.length = end
-            last_hidden = hidden[:, -1:, :]
             if on_checkpoint and end in checkpoints:
                 on_checkpoint(end, state)
             yield PrefillProgress(self.request.request_id, end - cached, len(prompt) - cached)
         self.stats.prefill_s = time.perf_counter() - t0
         self.state = state
         self.last_hidden = last_hidden
+
+    def _prefill_chunk(self, prompt: list[int], begin: int, end: int, state: TurnState):
+        """Feed prompt[begin:end] to the trunk (and its pairs to the MTP head); evaluate the caches."""
+        hidden = self.runner.hidden(prompt[begin:end], state.trunk)
+        if self.use_mtp and state.mtp is not None:
+            # Pair each hidden with the prompt token after it; the last prompt position
+            # pairs with the first generated token later. A restore may hand over one
+            # pending hidden (position begin-1) whose pair is completed here.
+            pairs = hidden if end < len(prompt) else hidden[:, :-1]
+            first = begin + 1
+            if state.mtp_pending is not None:
+                pairs, first, state.mtp_pending = mx.concatenate([state.mtp_pending, pairs], axis=1), begin, None
+            if pairs.shape[1]:
+                self.runner.draft_hidden(pairs, prompt[first : first + pairs.shape[1]], state.mtp)
+        # Only the caches must exist now. The trunk's output over the chunk feeds the MTP head's
+        # KV, which stays lazy until the first draft (after the first token is out); of the last
+        # chunk, the final position samples that token. Not forcing the rest skips the last
+        # layer's MLP over the prompt, as mlx-lm's prefill does (a fifth of it on 4 layers).
+        # Background work (render-ahead) has no first token to hurry, and a preemption copies its
+        # state at the next chunk boundary: there the lazy head KV over every chunk so far would
+        # be computed all at once while the arriving request waits. So it evaluates per chunk.
+        eager = [state.mtp.state] if self.eager_mtp and state.mtp is not None and state.mtp.offset else []
+        mx.eval([c.state for c in state.trunk if c is not None] + eager
+                + ([hidden[:, -1:, :]] if end == len(prompt) else []))
+        return hidden[:, -1:, :]
 
     # -- decode -----------------------------------------------------------------------------
     def _emit(self, tokens: list[int]) -> Iterator:
@@ -165,18 +185,42 @@ class Generation:
         first = self.pick(self.runner.logits(self.last_hidden)[0, -1])
         self.stats.ttft_s = time.monotonic() - self.submitted_at
         yield FirstToken(self.request.request_id, self.stats.ttft_s)
-        yield from self._emit([first])
-        if self.use_mtp and self.state.mtp is not None and self.state.mtp.offset and self.finish_reason is None:
-            # The prefill left the MTP head's KV over the prompt lazy so the first token could go
-            # out sooner; compute it now, timed on its own, so decode speed means decoding.
+        shown = yield from self._emit_shown([first])
+        tokens, hiddens = [first], [self.last_hidden]
+        lazy_head = self.use_mtp and self.state.mtp is not None and self.state.mtp.offset
+        # The MTP head's KV over the prompt is still lazy (see _prefill_chunk) and costs about a
+        # layer's share of the prefill. When the first token shows the client nothing (a hidden
+        # `<think>`, a chat-format marker), a few plain steps come first, so the first delta the
+        # client sees never waits for that KV. Their hiddens join the head's pending pairs.
+        while lazy_head and not shown and self.finish_reason is None and len(tokens) <= HIDDEN_LEAD:
+            with self.runner.small_forwards():
+                hidden = self.runner.hidden([tokens[-1]], self.state.trunk)
+                logits = self.runner.logits(hidden)[0, -1]
+                mx.eval(logits)
+            self.state.tokens.append(tokens[-1])
+            self.state.length += 1
+            tokens.append(self.pick(logits))
+            hiddens.append(hidden)
+            shown = yield from self._emit_shown(tokens[-1:])
+        if lazy_head and self.finish_reason is None:
+            # Computed now, timed on its own, so decode speed means decoding.
             t = time.perf_counter()
             mx.eval(self.state.mtp.state)
             self.stats.mtp_prefill_s = time.perf_counter() - t
             self._t0 += self.stats.mtp_prefill_s
         if self.use_mtp:
-            self.speculator = Speculator(self.runner, self.sampler, self.state, self.last_hidden, first, self.stats,
+            pending = hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
+            self.speculator = Speculator(self.runner, self.sampler, self.state, pending, tokens, self.stats,
                                          self.eos_ids, self._ruled if self.request.tool_rule else None)
-        self.last = first
+        self.last = tokens[-1]
+
+    def _emit_shown(self, tokens: list[int]):
+        """_emit, returning whether the client was shown anything (a piece of reply)."""
+        shown = False
+        for event in self._emit(tokens):
+            shown = shown or bool(getattr(event, "pieces", ()))
+            yield event
+        return shown
 
     def draft_budget(self) -> int:
         """How many tokens this row may draft in the next round (never past max_tokens)."""

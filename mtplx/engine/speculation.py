@@ -52,8 +52,10 @@ def greedy_kept(drafts: list[int], targets: list[int]) -> int:
 
 
 class Speculator:
-    def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int,
+    def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int | list[int],
                  stats: GenerationStats, eos_ids: set[int] = frozenset(), shape=None):
+        """`last_hidden`: the trunk's hidden before each token of `first` (one token, or the first
+        few sampled by plain steps), whose pairs the MTP head has not yet seen."""
         self.runner, self.sampler, self.state, self.stats = runner, sampler, state, stats
         # shape(logits, drafted): one position's logits under the request's tool rule. Drafts and
         # every verify row go through the same transform as an autoregressive pick, so the kept
@@ -63,9 +65,10 @@ class Speculator:
         self.params = sampler.params
         # MTP pairs (hidden at t, token at t+1) not yet fed to the MTP cache; the last pair's
         # output starts the next draft chain.
+        first = [first] if isinstance(first, int) else list(first)
         self.pending_hidden = last_hidden
-        self.pending_tokens = [first]
-        self.last = first  # generated, not yet fed to the trunk
+        self.pending_tokens = first
+        self.last = first[-1]  # generated, not yet fed to the trunk
 
     def _draft(self, k: int) -> tuple[list[int], list]:
         """k drafts, each read on the host (a tool rule or sampling needs the tokens as ints)."""
