@@ -64,6 +64,104 @@ def logits(out, model, mode):
     g.gather_ints([0], "the end of the test")
 
 
+def _turns(engine, turns=2, max_tokens=40):
+    """An agent's turns (the model's own replies sent back), greedy, with its tool time between."""
+    from mtplx.chat import chat_request
+    from mtplx.engine.sampling import SamplingParams
+    from mtplx.replay.live_agent import AgentSession
+    from mtplx.synth.agent import Sizes, conversation
+    from mtplx.synth.corpus import Corpus
+
+    session, out = AgentSession("agent", conversation(77, Corpus(), Sizes(20, 50), max_user_turns=2)), []
+    while len(out) < turns and (nxt := session.next_request(engine.checkpoint.tokenizer)) is not None:
+        prompt, chat = nxt
+        req = chat_request(engine.checkpoint.tokenizer, chat["messages"], chat["tools"], prompt=prompt,
+                           sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0), session="agent")
+        fin = engine.submit(req).result()
+        engine.settle()
+        out.append({"prompt": list(prompt), "tokens": list(fin.token_ids), "cached": fin.cached_tokens,
+                    "tau": fin.stats.tau, "accepted": list(fin.stats.accepted_by_depth)})
+        session.send_back(fin.reply)
+    return out
+
+
+def _ask(engine, prompt, max_tokens=40):
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+
+    fin = engine.submit(GenerationRequest(tuple(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                                          session="agent")).result()
+    return {"tokens": list(fin.token_ids), "cached": fin.cached_tokens, "tau": fin.stats.tau}
+
+
+def engine(out, model, mode, home, restart="restart"):
+    """Two agent turns sharded and in one process; then a restart of the ring restores the second
+    turn's prompt from each rank's SSD, and an unsharded engine over rank 0's SSD directory misses."""
+    from pathlib import Path
+
+    from mtplx.bank.bank import BankConfig
+    from mtplx.bank.ssd import SsdConfig
+    from mtplx.catalog import resolve
+    from mtplx.distributed.lockstep import RankEngine
+    from mtplx.engine.engine import Engine, EngineConfig
+
+    g = join(mode, timeout_s=float(os.environ.get("MTPLX_TEST_WATCHDOG_S", "30")))
+    config = EngineConfig(chunk_size=64, depth=2)
+    ssd = SsdConfig.default(root=Path(home) / "bank", budget_bytes=1 << 30)
+
+    def ring_engine():
+        return RankEngine(resolve(model), g, config, name=model, bank=BankConfig(), ssd=ssd).start()
+
+    sharded = ring_engine()
+    if g.rank != 0:
+        code = sharded.follow()
+        if code == 0 and restart == "restart":
+            code = ring_engine().follow()  # the restart
+        sys.exit(code)
+    found = {"sharded": _turns(sharded), "health": sharded.health()}
+    sharded.stop()
+    alone = Engine(resolve(model), config, name=model, bank=BankConfig()).start()
+    found["alone"] = _turns(alone)
+    alone.stop()
+    if restart != "restart":
+        return write(out, found)
+    restarted = ring_engine()
+    found["restarted"] = _ask(restarted, found["sharded"][1]["prompt"])
+    restarted.stop()
+    rank0_dir = SsdConfig.default(root=ssd.root / f"{mode}{g.world}-rank0", budget_bytes=1 << 30)
+    other = Engine(resolve(model), config, name=model, bank=BankConfig(), ssd=rank0_dir).start()
+    found["other_layout"] = _ask(other, found["sharded"][1]["prompt"])
+    found["other_layout_health"] = other.health()
+    other.stop()
+    write(out, found)
+
+
+def diverge(out, model, mode):
+    """The last rank emits one token that differs from rank 0's (injected): every rank must exit."""
+    from mtplx.catalog import resolve
+    from mtplx.distributed.lockstep import RankEngine
+    from mtplx.engine.engine import EngineConfig
+    from mtplx.events import Tokens
+
+    g = join(mode, timeout_s=float(os.environ.get("MTPLX_TEST_WATCHDOG_S", "5")))
+    engine = RankEngine(resolve(model), g, EngineConfig(chunk_size=64, depth=2), name=model)
+    if g.rank == g.world - 1:
+        publish, seen = engine._publish, []
+
+        def forked(sub, event):
+            seen.extend([event] if isinstance(event, Tokens) else [])
+            if isinstance(event, Tokens) and len(seen) == 3:
+                event = Tokens(event.request_id, tuple(t + 1 for t in event.token_ids), event.text, event.segment)
+            publish(sub, event)
+        engine._publish = forked
+    engine.start()
+    if g.rank != 0:
+        sys.exit(engine.follow())
+    _turns(engine, turns=1, max_tokens=60)
+    engine.stop()
+    write(out, {"unexpected": "the run completed"})
+
+
 def kill(out):
     g = join("tp", timeout_s=float(os.environ.get("MTPLX_TEST_WATCHDOG_S", "4")))
     g.gather_ints([1], "a first gather")
@@ -82,4 +180,4 @@ def write(out, found):
 
 if __name__ == "__main__":
     job, out, *args = sys.argv[1:]
-    {"smoke": smoke, "logits": logits, "kill": kill}[job](out, *args)
+    {"smoke": smoke, "logits": logits, "kill": kill, "engine": engine, "diverge": diverge}[job](out, *args)

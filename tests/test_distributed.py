@@ -95,3 +95,43 @@ def test_a_lost_or_hung_peer_ends_every_other_rank_within_the_watchdog_time(tmp_
     waiting = [r for r in range(n - 1) if not (n > 2 and r == 1)]
     assert all(codes[r] == 3 for r in waiting), codes
     assert max(ended[r] for r in waiting) < 4 + 8, ended
+
+
+# -- the engine on every rank ----------------------------------------------------------------
+def _turn_facts(turns):
+    return [(t["tokens"], t["cached"], t["tau"]) for t in turns]
+
+
+@needs_ring
+@pytest.mark.parametrize("model,mode,n,restart", [
+    ("tiny-dense", "tp", 2, "no-restart"),
+    ("tiny-hybrid", "tp", 2, "restart"),
+    ("tiny-hybrid", "pp", 2, "no-restart"),
+    pytest.param("tiny-hybrid", "pp", 4, "no-restart", marks=pytest.mark.skipif(
+        not __import__("os").environ.get("MTPLX_DISTRIBUTED_FULL"), reason="4 ranks take ~30 s on 2 cores: "
+        "MTPLX_DISTRIBUTED_FULL=1 runs it")),
+])
+def test_engine_on_every_rank_equals_one_process(tmp_path, model, mode, n, restart):
+    """Greedy, MTP depth 2, bank on, two agent turns with render-ahead between them: generated
+    tokens, cached tokens and tau equal one process's. With "restart": the ring restarted restores
+    turn 2's prompt from each rank's SSD, and an unsharded engine reading rank 0's SSD directory
+    misses cleanly (another layout's identity) and still answers the same."""
+    codes, _, found = ring(tmp_path, n, "engine", model, mode, str(tmp_path / "home"), restart, grace_s=10)
+    assert codes == [0] * n
+    assert _turn_facts(found["sharded"]) == _turn_facts(found["alone"])
+    assert found["sharded"][0]["cached"] == 0 and found["sharded"][1]["cached"] > 0
+    assert found["health"]["layout"]["mode"] == mode and found["health"]["layout"]["ranks"] == n
+    if restart == "restart":
+        assert found["restarted"]["cached"] > 0
+        assert found["restarted"]["tokens"] == found["sharded"][1]["tokens"]
+        assert found["other_layout"]["cached"] == 0
+        assert found["other_layout"]["tokens"] == found["sharded"][1]["tokens"]
+
+
+@needs_ring
+def test_a_rank_that_forks_ends_every_rank(tmp_path):
+    """The last rank emits one token that differs from rank 0's: the next decision's digest shows
+    it, and every rank exits 3 at that decision, well within the watchdog time."""
+    codes, ended, found = ring(tmp_path, 2, "diverge", "tiny-dense", "tp", env={"MTPLX_TEST_WATCHDOG_S": "5"},
+                               grace_s=6.0)
+    assert found is None and codes == [3, 3]

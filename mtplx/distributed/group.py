@@ -65,9 +65,11 @@ class Group:
 
     def from_rank0(self, x: mx.array) -> mx.array:
         """`x` as rank 0 computed it, on every rank, lazily (inside the caller's graph): the others
-        add zeros, so the sum is rank 0's bits exactly."""
+        add zeros, so the sum is rank 0's bits exactly. The zeros still depend on `x`: a collective
+        whose input is ready early could otherwise run before the model's own collectives on one
+        rank and after them on another, pairing the wrong operations across ranks."""
         if self.rank != 0:
-            x = mx.zeros_like(x)
+            x = mx.where(mx.array(False), x, mx.zeros_like(x))
         return mx.distributed.all_sum(x, group=self.group)
 
 

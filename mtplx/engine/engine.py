@@ -270,16 +270,14 @@ class Engine:
     # -- the thread -------------------------------------------------------------------------
     def _main(self) -> None:
         try:
-            from mtplx.engine.checkpoint import load_checkpoint
             from mtplx.engine.runner import ModelRunner
 
-            self.checkpoint = load_checkpoint(self.model_path, self.name)
+            self.checkpoint = self._load()
             self.runner = ModelRunner(self.checkpoint)
             self.eos_ids = set(self.checkpoint.tokenizer.eos_token_ids)
             self._start_scheduler()
             if self.bank_config is not None:
                 from mtplx.bank.bank import SessionBank
-                from mtplx.engine.bank_executor import BankExecutor
 
                 ssd = None
                 if self.ssd_config is not None:
@@ -293,7 +291,7 @@ class Engine:
                 self.bank = SessionBank(self.checkpoint.tokenizer, self.checkpoint.identity,
                                         recurrent=self.runner.has_recurrent, config=self.bank_config, ssd=ssd,
                                         notify=lambda action, detail: self._broadcast(BankDecision(self.busy, action, detail)))
-                self.bank_executor = BankExecutor(self.runner, self.bank, self.config.chunk_size)
+                self.bank_executor = self._bank_executor()
         except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread
             # An unexpected error while loading is still a load error: one line, exit 2 at the CLI.
             self._load_error = exc if isinstance(exc, MtplxError) or not isinstance(exc, Exception) else \
@@ -318,6 +316,17 @@ class Engine:
             except Exception:
                 log.exception("flushing the bank to SSD failed")
         self._release_streams()
+
+    def _load(self):
+        """The checkpoint this engine runs (a sharded rank loads its part: distributed/lockstep.py)."""
+        from mtplx.engine.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.model_path, self.name)
+
+    def _bank_executor(self):
+        from mtplx.engine.bank_executor import BankExecutor
+
+        return BankExecutor(self.runner, self.bank, self.config.chunk_size)
 
     def _start_scheduler(self) -> None:
         import os
