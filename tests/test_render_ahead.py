@@ -106,3 +106,26 @@ def test_a_request_arriving_mid_render_ahead_restores_its_computed_prefix(name, 
     assert row["render_ahead"] == strip_event.render_ahead and row["shortfall"] == o_part.cause
     assert left == 0  # the re-queued render-ahead ran to its end afterwards
     assert not [d for d in decisions if d.action == "render_ahead_failed"]
+
+
+def test_the_newest_turns_renderings_run_first_and_replace_what_they_extend():
+    """Idle work order without a model: a turn's renderings go ahead of older jobs; a queued job of
+    the same session that a new one extends is dropped (the new job covers it); a request drops
+    the jobs its own prompt covers and keeps the rest."""
+    from mtplx.engine.bank_executor import BankExecutor, RenderJob
+
+    executor = BankExecutor(runner=None, bank=None, chunk_size=256)  # generators never started here
+    older_chain = RenderJob(list(range(10)), True, "agent")
+    other = RenderJob([7, 7, 7], True, "other")
+    executor._queue_first([older_chain])
+    executor._queue_first([other])
+    assert [j for j, _ in executor.jobs] == [other, older_chain]
+    tool, stripped = RenderJob(list(range(12)), True, "agent"), RenderJob(list(range(20)), True, "agent")
+    executor._queue_first([tool, stripped])  # both extend the older job: it is dropped
+    assert [j for j, _ in executor.jobs] == [tool, stripped, other]
+    not_mine = RenderJob(list(range(20)), True, "someone else")  # same tokens, other session: kept
+    executor._queue_first([not_mine])
+    assert [j for j, _ in executor.jobs] == [not_mine, tool, stripped, other]
+    note = executor._preempt_render_ahead(list(range(15)))  # the tool turn came: covers `tool` only
+    assert note == "queued: not started (12 tokens)"
+    assert [j for j, _ in executor.jobs] == [not_mine, stripped, other]

@@ -100,6 +100,10 @@ class RenderJob:
     preempted: bool = False  # a request arrived: stop at the next chunk boundary, keep what is done
 
 
+def _extends(tokens, prefix: list[int]) -> bool:
+    return len(prefix) <= len(tokens) and list(tokens[: len(prefix)]) == prefix
+
+
 class BankExecutor:
     def __init__(self, runner, bank: SessionBank, chunk_size: int):
         self.runner, self.bank, self.chunk_size = runner, bank, chunk_size
@@ -159,8 +163,7 @@ class BankExecutor:
         # ahead too; a cancelled one, or one ended by a stop string, is not sent back as it is.
         record = TurnRecord(entry, gen.request.chat, finished.reply,
                             sent_back=ended_by_eos or gen.finish_reason == "length")
-        for tokens in self.bank.commit(record):
-            self._queue(RenderJob(tokens, gen.use_mtp, turn.plan.session))
+        self._queue_first([RenderJob(tokens, gen.use_mtp, turn.plan.session) for tokens in self.bank.commit(record)])
 
     def _keep_partial(self, turn: BankedTurn, gen, origin: str = "turn") -> None:
         """A prefill cancelled between chunks: keep the prompt prefix it computed, so a client that
@@ -195,15 +198,40 @@ class BankExecutor:
         else:
             self.jobs[at] = (job, steps)
 
+    def _queue_first(self, new: list[RenderJob]) -> None:
+        """A turn's renderings go ahead of older work: the client that just got its reply is the
+        one whose next request comes soonest (older jobs are mostly for conversations that moved on
+        or ended). A queued job that one of the new ones extends is dropped: the new job restores
+        whatever of it the bank holds and computes the rest on the way (an agent's tool chain queues
+        a stripped rendering per turn, each a prefix of the next)."""
+        stale = [i for i, (job, _) in enumerate(self.jobs)
+                 if any(_extends(n.tokens, job.tokens) and n.session == job.session for n in new)]
+        self._drop(stale)
+        for job in reversed(new):
+            self.jobs.appendleft((job, self._render_ahead(job)))
+
+    def _drop(self, indices: list[int]) -> None:
+        """Remove queued jobs; one under way stops at its chunk boundary and keeps what it did."""
+        for i in sorted(indices, reverse=True):
+            job, steps = self.jobs[i]
+            if job.gen is not None:
+                job.preempted = True
+                for _ in steps:  # returns at once (see _preempt_render_ahead)
+                    pass
+            del self.jobs[i]
+
     def _preempt_render_ahead(self, prompt) -> str | None:
         """A request arrived. A render-ahead part way through is progressive: it stops at its chunk
         boundary (it is suspended at one), its computed prefix is stored as an entry the request's
-        plan may restore from, and it is queued again to continue from that entry later. So a
-        request that comes before the render-ahead ends still skips what was done.
+        plan may restore from, and it is queued again to continue from that entry later, unless the
+        request's prompt extends it (then the request computes the rest, and the job is dropped).
+        So a request that comes before the render-ahead ends still skips what was done.
         Returns how far the render-ahead of `prompt`'s own rendering had come (None: none queued)."""
-        note = None
+        note, covered = None, []
         for i, (job, steps) in enumerate(list(self.jobs)):
-            mine = len(job.tokens) <= len(prompt) and list(prompt[: len(job.tokens)]) == job.tokens
+            mine = _extends(prompt, job.tokens)
+            if mine:  # the request computes this rendering itself (restoring what is done of it)
+                covered.append(i)
             if job.gen is None:  # not started: nothing to keep
                 if mine and note is None:
                     note = f"queued: not started ({len(job.tokens)} tokens)"
@@ -214,7 +242,9 @@ class BankExecutor:
             if mine:
                 done = job.gen.prefill_cut or job.gen.stats.cached_tokens  # no chunk yet: what it restored
                 note = f"partial: {done} of {len(job.tokens)} tokens"
-            self._queue(RenderJob(job.tokens, job.use_mtp, job.session), at=i)
+            else:
+                self._queue(RenderJob(job.tokens, job.use_mtp, job.session), at=i)
+        self._drop(covered)
         return note
 
     def _render_ahead(self, job: RenderJob) -> Iterator:
