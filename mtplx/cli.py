@@ -241,22 +241,38 @@ def serve(
                                                  "reply) to allow; default: the model's max_position_embeddings."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, max=64, help="Requests decoding together "
                                             "(one batched forward per step; default 8, 1 = one at a time)."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Shard the model over ranks: tp (tensor parallel) or pp "
+                                        "(pipeline parallel), on MLX's ring backend (docs/scale.md)."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", min=2, help="With --shard: start this many ranks on this "
+                                        "machine over loopback."),
+    hostfile: Optional[Path] = typer.Option(None, "--hostfile", help="With --shard: start one rank per host in this "
+                                            "mlx.launch hostfile (ssh to each; several machines)."),
+    split: Optional[str] = typer.Option(None, "--split", help="With --shard pp: layers per rank, e.g. 10,14 (rank 0 "
+                                        "holds the last layers); default: even."),
+    watchdog: float = typer.Option(60.0, "--watchdog", min=1.0, help="With --shard: seconds a collective may wait "
+                                   "before every rank exits (a lost or hung peer)."),
 ) -> None:
     """Serve the OpenAI + Anthropic compatible API (headless). SIGTERM or ctrl+c stops it cleanly:
     in-flight turns end, the bank is flushed to SSD, exit 0."""
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         _fail(MtplxError(f"binding to {host} exposes the model beyond this machine: pass --api-key"))
+    group = _sharding(model, shard, ranks, hostfile, split, watchdog, host, port)
     from mtplx.launch import open_engine
     from mtplx.server.app import create_app, serve_forever
 
     from mtplx.server.listener import url_of
 
     try:
-        sock = _listen(host, port)  # a busy port fails at once, not after the model loads
+        sock = _listen(host, port) if group is None or group.rank == 0 else None  # a busy port fails at once
         engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd, context_window=context_window,
-                             max_batch=max_batch, **_budgets(bank_ram, bank_ssd))
+                             max_batch=max_batch, receipts=group is None or group.rank == 0, group=group,
+                             **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
+        if group is not None and group.rank != 0:
+            raise typer.Exit(2)  # every rank refuses alike; rank 0 says why
         _fail(exc)
+    if group is not None and group.rank != 0:  # only rank 0 has clients; this rank follows it until it stops
+        raise typer.Exit(engine.follow())
     _window_notice(engine)
     _mtp_notice(engine)
     typer.echo(f"mtplx serving {model} on {url_of(sock)}/v1", err=True)
@@ -266,6 +282,40 @@ def serve(
         engine.stop()
     if received:
         typer.echo("mtplx stopped: in-flight turns ended, bank flushed", err=True)
+
+
+def _sharding(model, shard, ranks, hostfile, split, watchdog, host, port):
+    """None for an unsharded serve; this rank's Group when launched as a rank. Started with --ranks
+    or --hostfile (and not yet a rank), it starts the ranks, waits for them, and exits with their status."""
+    if shard is None:
+        if ranks or hostfile or split:
+            _fail(MtplxError("--ranks, --hostfile and --split need --shard tp or --shard pp"))
+        return None
+    if shard not in ("tp", "pp"):
+        _fail(MtplxError(f"--shard must be tp or pp, got {shard!r}"))
+    from mtplx.distributed import launch as ranks_launch
+    from mtplx.distributed.group import join, launched
+
+    if launched():
+        try:
+            return join(shard, tuple(int(n) for n in split.split(",")) if split else (), watchdog)
+        except (MtplxError, ValueError) as exc:
+            _fail(exc)
+    if ranks is None and hostfile is None:
+        _fail(MtplxError("--shard needs --ranks N (ranks on this machine) or --hostfile FILE, or a start under mlx.launch"))
+    if ranks is not None:  # what the config alone refuses is refused before any rank starts
+        from mtplx.catalog import resolve
+        from mtplx.distributed.layout import Layout, check
+        from mtplx.engine.checkpoint import read_config
+
+        try:
+            check(read_config(resolve(model)), Layout(shard, ranks, 0, tuple(int(n) for n in split.split(",")) if split else ()))
+        except (MtplxError, ValueError) as exc:
+            _fail(exc)
+    _listen(host, port).close()  # a busy port fails here, before any rank loads the model
+    argv = ["-m", "mtplx.cli", *sys.argv[1:]]
+    code = ranks_launch.run_hostfile(argv, hostfile) if hostfile else ranks_launch.run_local([sys.executable, *argv], ranks)
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -29,18 +29,26 @@ def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int =
 def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank: bool = True,
                 receipts: bool = True, ssd: bool = True, bank_ram: int | None = None,
                 bank_ssd: int | None = None, context_window: int | None = None,
-                max_batch: int | None = None) -> Engine:
+                max_batch: int | None = None, group=None) -> Engine:
     """A started engine; with a session bank unless bank=False (RAM budget `bank_ram` bytes, else a
     quarter of free memory), persisted under $MTPLX_HOME/bank unless ssd=False (disk budget
     `bank_ssd` bytes, else a tenth of the free disk up to 20 GiB), and every turn written to the
-    receipt store unless receipts=False."""
+    receipt store unless receipts=False. `group`: this process is one rank of a sharded run
+    (mtplx/distributed); the engine then runs in lockstep with the other ranks."""
     from mtplx.bank.bank import BankConfig
     from mtplx.bank.ssd import SsdConfig
 
     path = resolve(model)
     bank_config = (BankConfig(budget_bytes=bank_ram) if bank_ram else BankConfig()) if bank else None
-    engine = Engine(path, engine_config(path, depth, no_mtp, context_window=context_window, max_batch=max_batch), name=model if "/" not in model else None,
-                    bank=bank_config, ssd=SsdConfig.default(budget_bytes=bank_ssd) if bank and ssd else None).start()
+    config = engine_config(path, depth, no_mtp, context_window=context_window, max_batch=max_batch)
+    ssd_config = SsdConfig.default(budget_bytes=bank_ssd) if bank and ssd else None
+    name = model if "/" not in model else None
+    if group is not None:
+        from mtplx.distributed.lockstep import RankEngine
+
+        engine = RankEngine(path, group, config, name=name, bank=bank_config, ssd=ssd_config).start()
+    else:
+        engine = Engine(path, config, name=name, bank=bank_config, ssd=ssd_config).start()
     if (line := notice(activate())) is not None:  # the one notice when the CPU fast path is missing
         print(line, file=sys.stderr)
     if receipts:

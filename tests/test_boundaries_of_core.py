@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CORE = ["mtplx.engine.engine", "mtplx.engine.generation", "mtplx.engine.speculation", "mtplx.engine.bank_executor",
         "mtplx.bank.bank", "mtplx.receipts.writer", "mtplx.replay.run", "mtplx.chat",
-        "mtplx.events", "mtplx.catalog", "mtplx.synth.agent"]
+        "mtplx.events", "mtplx.catalog", "mtplx.synth.agent", "mtplx.distributed.lockstep",
+        "mtplx.distributed.launch"]
 FRAMEWORKS = ["textual", "typer", "fastapi", "starlette", "uvicorn"]
 
 

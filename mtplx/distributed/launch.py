@@ -109,5 +109,5 @@ def _main_thread() -> bool:
 def run_hostfile(argv: list[str], hostfile: Path) -> int:
     """Several machines: hand the ranks to mlx.launch (ssh to each host in the hostfile, ring backend)."""
     launcher = Path(sys.executable).with_name("mlx.launch")
-    cmd = [str(launcher), "--backend", "ring", "--hostfile", str(hostfile), "--python", sys.executable, *argv]
+    cmd = [str(launcher), "--backend", "ring", "--hostfile", str(hostfile), "--python", sys.executable, "--", *argv]
     return subprocess.call(cmd)

@@ -90,9 +90,13 @@ class RankEngine(Engine):
 
         return AgreedBankExecutor(self.runner, self.bank, self.config.chunk_size, self.group, self._diverged)
 
+    @property
+    def layout(self) -> dict:
+        return self.group.layout.describe()
+
     def health(self) -> dict:
         out = super().health()
-        out["layout"] = {**self.group.layout.describe(), "passes": self.passes}
+        out["layout"] = {**self.layout, "passes": self.passes}
         if self.bank_executor is not None and self.bank_executor.lowered:
             out["layout"]["restores_lowered_to_agree"] = self.bank_executor.lowered
         return out

@@ -54,7 +54,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     generation = getattr(engine.checkpoint, "generation", None)
     defaults = generation.defaults(defaults) if generation is not None else defaults
     cache = EncodeCache(engine.checkpoint.identity, tokenizer.chat_template or "")
-    metrics = Metrics()
+    metrics = Metrics(getattr(engine, "layout", None))
     engine.listeners.append(metrics.observe)
     subscribers: set[asyncio.Queue] = set()
     app.state.metrics, app.state.encode_cache = metrics, cache

@@ -11,7 +11,8 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self, layout: dict | None = None):
+        self.layout = layout  # a sharded run's layout (mode, ranks), shown as a gauge
         self.lock = threading.Lock()
         self.requests = Counter()  # (route, status)
         self.finished = Counter()  # finish reason
@@ -66,4 +67,6 @@ class Metrics:
             lines += [f'mtplx_drafts_total{{position="{p}"}} {n}' for p, n in sorted(self.drafted.items())]
             lines += ["# TYPE mtplx_drafts_accepted_total counter"]
             lines += [f'mtplx_drafts_accepted_total{{position="{p}"}} {n}' for p, n in sorted(self.accepted.items())]
+            if self.layout:
+                lines += ["# TYPE mtplx_ranks gauge", f'mtplx_ranks{{mode="{self.layout["mode"]}"}} {self.layout["ranks"]}']
             return "\n".join(lines) + "\n"
