@@ -73,6 +73,8 @@ def test_sharded_logits_equal_one_process(tmp_path, model, mode):
     assert codes == [0, 0]
     assert found["layout"] == f"{mode}2r0" and found["identity"].endswith(f"@{mode}2r0")
     assert found["argmax_equal"]
+    if model == "tiny-dense":  # qwen3 has no pipeline(): refused on the lazily built model, before any weight is read
+        assert "qwen3 has no pipeline()" in found["pp_refused"]
     if mode == "pp":
         assert found["exact"], found
     else:
@@ -80,21 +82,15 @@ def test_sharded_logits_equal_one_process(tmp_path, model, mode):
 
 
 @needs_ring
-def test_qwen3_pipeline_is_refused_at_start(tmp_path):
-    codes, _, found = ring(tmp_path, 2, "logits", "tiny-dense", "pp")
-    assert codes[0] != 0 and found is None
-
-
-@needs_ring
 @pytest.mark.parametrize("n", [2, 4])
 def test_a_lost_or_hung_peer_ends_every_other_rank_within_the_watchdog_time(tmp_path, n):
     """The last rank exits between two collectives; with 4 ranks rank 1 also hangs (alive, silent).
-    Every other rank exits 3 with its one line within the watchdog's 4 s (plus start-up)."""
-    codes, ended, found = ring(tmp_path, n, "kill", env={"MTPLX_TEST_WATCHDOG_S": "4"}, grace_s=6.0)
+    Every other rank exits 3 with its one line within the watchdog's 2 s (plus start-up)."""
+    codes, ended, found = ring(tmp_path, n, "kill", env={"MTPLX_TEST_WATCHDOG_S": "2"}, grace_s=3.0)
     assert found is None
     waiting = [r for r in range(n - 1) if not (n > 2 and r == 1)]
     assert all(codes[r] == 3 for r in waiting), codes
-    assert max(ended[r] for r in waiting) < 4 + 8, ended
+    assert max(ended[r] for r in waiting) < 2 + 8, ended
 
 
 # -- the engine on every rank ----------------------------------------------------------------

@@ -9,7 +9,12 @@ entry (an unreadable SSD file, an eviction: entries differ in size per rank). So
 exchanged: where the ranks disagree, each takes the minimum position and the capture positions
 planned by the rank that chose it (captures set the prefill's chunk boundaries, which every rank
 must run alike). After the restore itself the ranks compare what they restored again; a rank
-above the minimum restores again there, or every rank starts cold.
+above the minimum restores again there, or every rank starts cold. A render-ahead is skipped only
+when every rank holds its rendering, and the RAM budget is the smallest rank's.
+
+Not agreed: which entries each rank stores, thins or evicts (each rank's bank decides from its
+own entries, whose sizes differ under pipeline parallelism); only their consequences for the
+forward passes above are. A rank that evicted more restores less, and every rank with it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ class AgreedPlans:
     def __getattr__(self, name):
         return getattr(self._bank, name)
 
+    def holds(self, tokens) -> bool:
+        """Whether every rank holds `tokens` (a render-ahead runs on all ranks or on none)."""
+        rows = self._group.gather_ints([int(self._bank.holds(tokens))], "whether the bank holds a rendering")
+        return all(row[0] for row in rows)
+
     def plan(self, prompt, **kwargs):
         plan = self._bank.plan(prompt, **kwargs)
         mine = plan.restore
@@ -61,6 +71,9 @@ class AgreedPlans:
 class AgreedBankExecutor(BankExecutor):
     def __init__(self, runner, bank, chunk_size: int, group, on_divergence):
         self.lowered = 0  # plans or restores this rank lowered to agree with the others (for /health)
+        # One RAM budget for all: the smallest rank's (ranks sharing a machine each saw its free memory).
+        budgets = group.gather_ints([min(bank.config.budget_bytes >> 20, 2**31 - 1)], "the bank's RAM budget")
+        bank.config = dataclasses.replace(bank.config, budget_bytes=min(row[0] for row in budgets) << 20)
         super().__init__(runner, AgreedPlans(bank, group, self._lowered), chunk_size)
         self.group, self.on_divergence = group, on_divergence
 
