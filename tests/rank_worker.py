@@ -91,7 +91,8 @@ def _turns(engine, turns=2, max_tokens=32):
         fin = engine.submit(req).result()
         engine.settle()
         out.append({"prompt": list(prompt), "tokens": list(fin.token_ids), "cached": fin.cached_tokens,
-                    "tau": fin.stats.tau, "accepted": list(fin.stats.accepted_by_depth)})
+                    "tau": fin.stats.tau, "accepted": list(fin.stats.accepted_by_depth),
+                    "decode_tps": fin.stats.decode_tps, "ttft_s": fin.stats.ttft_s})
         session.send_back(fin.reply)
     return out
 
