@@ -131,6 +131,18 @@ def engine(out, model, mode, home, restart="restart"):
             code = ring_engine().follow()  # the restart
         sys.exit(code)
     found = {"sharded": _turns(sharded), "health": sharded.health()}
+    if restart == "restart":  # a cancel mid-decode reaches every rank at the same pass; they go on together
+        from mtplx.engine.request import GenerationRequest
+        from mtplx.engine.sampling import SamplingParams
+        from mtplx.events import Finished, Tokens
+
+        sub = sharded.submit(GenerationRequest(tuple(found["sharded"][0]["prompt"]), SamplingParams(max_tokens=400)))
+        for event in sub:
+            if isinstance(event, Tokens):
+                sub.cancel()
+            if isinstance(event, Finished):
+                found["cancelled"] = [event.finish_reason, event.completion_tokens]
+        found["after_cancel"] = _ask(sharded, found["sharded"][1]["prompt"])
     sharded.stop()
     alone = Engine(resolve(model), config, name=model, bank=BankConfig()).start()
     found["alone"] = _turns(alone)

@@ -109,7 +109,8 @@ def _turn_facts(turns):
 ])
 def test_engine_on_every_rank_equals_one_process(tmp_path, model, mode, n, restart):
     """Greedy, MTP depth 2, bank on, two agent turns with render-ahead between them: generated
-    tokens, cached tokens and tau equal one process's. With "restart": the ring restarted restores
+    tokens, cached tokens and tau equal one process's. With "restart": a request cancelled mid-decode
+    ends as cancelled and the ranks go on together; the ring restarted restores
     turn 2's prompt from each rank's SSD, and an unsharded engine reading rank 0's SSD directory
     misses cleanly (another layout's identity) and still answers the same."""
     codes, _, found = ring(tmp_path, n, "engine", model, mode, str(tmp_path / "home"), restart, grace_s=10)
@@ -118,6 +119,9 @@ def test_engine_on_every_rank_equals_one_process(tmp_path, model, mode, n, resta
     assert found["sharded"][0]["cached"] == 0 and found["sharded"][1]["cached"] > 0
     assert found["health"]["layout"]["mode"] == mode and found["health"]["layout"]["ranks"] == n
     if restart == "restart":
+        reason, generated = found["cancelled"]
+        assert reason == "cancelled" and generated < 400
+        assert found["after_cancel"]["tokens"] == found["sharded"][1]["tokens"]
         assert found["restarted"]["cached"] > 0
         assert found["restarted"]["tokens"] == found["sharded"][1]["tokens"]
         assert found["other_layout"]["cached"] == 0
