@@ -130,6 +130,12 @@ class RankEngine(Engine):
 
     # -- the pass: rank 0 decides, every rank checks it has not forked, every rank does it -------
     def _next(self):
+        try:
+            return self._pass()
+        except Exception as exc:
+            self._diverged(f"decision {self.passes} failed ({type(exc).__name__}: {exc})")
+
+    def _pass(self):
         payload, kind, work = b"", NOOP, None
         if self.group.rank == 0:
             self._waiting_since = time.monotonic()
@@ -164,7 +170,9 @@ class RankEngine(Engine):
         if work is _IDLE:
             return IDLE, b""
         if isinstance(work, Submission):
-            return ADMIT, pickle.dumps((work.serial, work.request, work.cancelled.asked))
+            asked = work.cancelled.asked  # read once: what is sent is what rank 0 applies
+            work.cancelled.agreed = asked
+            return ADMIT, pickle.dumps((work.serial, work.request, asked))
         return NOOP, b""  # a call: rank 0's own business
 
     def _cancels(self) -> list[int]:
@@ -192,10 +200,11 @@ class RankEngine(Engine):
         return _Call(lambda: None, _Sink())
 
     def _step(self, work) -> None:
-        if isinstance(work, Submission) and self.group.rank == 0 and work.cancelled.asked:
-            work.cancelled.agreed = True  # sent with the admission: cancelled on every rank alike
-        with self.group.watch(f"engine step after decision {self.passes}"):
-            super()._step(work)
+        try:
+            with self.group.watch(f"engine step after decision {self.passes}"):
+                super()._step(work)
+        except Exception as exc:  # one engine does not go on alone: the others would wait on it
+            self._diverged(f"engine step after decision {self.passes} failed ({type(exc).__name__}: {exc})")
 
     # -- what every rank emits, folded into the digest ----------------------------------------
     def _publish(self, sub, event) -> None:
