@@ -77,3 +77,30 @@ def test_long_inputs_and_batches_are_not_steps(dense_engine):
     assert steps.usable(mx.zeros((1, compiled.STEP_TOKENS), dtype=mx.int32), cache)
     assert not steps.usable(mx.zeros((1, compiled.STEP_TOKENS + 1), dtype=mx.int32), cache)
     assert not steps.usable(mx.zeros((2, 1), dtype=mx.int32), cache)
+
+
+def test_blocked_prefill_recurrence_equals_mlx_lm_forward(hybrid_engine):
+    """A prefill chunk's GatedDeltaNet recurrence in compiled blocks (gdn_capture.BLOCK) gives
+    mlx-lm's own forward bit for bit: hidden states and both caches, for chunk lengths that are and
+    are not multiples of the block."""
+    from mlx_lm.models.qwen3_5 import GatedDeltaNet
+
+    from mtplx.engine import gdn_capture
+
+    def work():
+        runner = hybrid_engine.runner
+        layers = [layer.linear_attn for layer in runner.inner.layers if hasattr(layer, "linear_attn")]
+        assert layers and all(isinstance(n, gdn_capture.CapturingGatedDeltaNet) for n in layers)
+        out = []
+        for cls in (GatedDeltaNet, gdn_capture.CapturingGatedDeltaNet):  # mlx-lm's class, then ours
+            for n in layers:
+                n.__class__ = cls
+            cache = runner.new_trunk_cache()
+            hidden = [runner.hidden(list(range(10 + s, 10 + s + length)), cache)
+                      for s, length in ((0, 256), (256, 37), (293, 16))]
+            mx.eval(hidden, _state_arrays(cache))
+            out.append((hidden, _state_arrays(cache)))
+        (ha, ca), (hb, cb) = out
+        assert all(_same(a, b) for a, b in zip(ha, hb)) and all(_same(a, b) for a, b in zip(ca, cb))
+
+    hybrid_engine.call(work)

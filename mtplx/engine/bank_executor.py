@@ -191,13 +191,6 @@ class BankExecutor:
             gen.feed_tail(rest)
 
     # -- idle work --------------------------------------------------------------------------
-    def _queue(self, job: RenderJob, at: int | None = None) -> None:
-        steps = self._render_ahead(job)
-        if at is None:
-            self.jobs.append((job, steps))
-        else:
-            self.jobs[at] = (job, steps)
-
     def _queue_first(self, new: list[RenderJob]) -> None:
         """A turn's renderings go ahead of older work: the client that just got its reply is the
         one whose next request comes soonest (older jobs are mostly for conversations that moved on
@@ -221,29 +214,26 @@ class BankExecutor:
             del self.jobs[i]
 
     def _preempt_render_ahead(self, prompt) -> str | None:
-        """A request arrived. A render-ahead part way through is progressive: it stops at its chunk
-        boundary (it is suspended at one), its computed prefix is stored as an entry the request's
-        plan may restore from, and it is queued again to continue from that entry later, unless the
-        request's prompt extends it (then the request computes the rest, and the job is dropped).
-        So a request that comes before the render-ahead ends still skips what was done.
+        """A request arrived. A render-ahead of a rendering the request's prompt extends is
+        progressive: it stops at its chunk boundary (it is suspended at one), its computed prefix is
+        stored as an entry the request's plan restores from, and the job is dropped (the request
+        computes the rest). So a request that comes before its render-ahead ends still skips what
+        was done. Any other job stays suspended where it is, costing the request nothing (storing
+        its state would copy megabytes the request has no use for), and goes on at the next idle step.
         Returns how far the render-ahead of `prompt`'s own rendering had come (None: none queued)."""
         note, covered = None, []
-        for i, (job, steps) in enumerate(list(self.jobs)):
-            mine = _extends(prompt, job.tokens)
-            if mine:  # the request computes this rendering itself (restoring what is done of it)
-                covered.append(i)
+        for i, (job, steps) in enumerate(self.jobs):
+            if not _extends(prompt, job.tokens):
+                continue
+            covered.append(i)
             if job.gen is None:  # not started: nothing to keep
-                if mine and note is None:
-                    note = f"queued: not started ({len(job.tokens)} tokens)"
+                note = note or f"queued: not started ({len(job.tokens)} tokens)"
                 continue
             job.preempted = True
             for _ in steps:  # returns at once: the prefill checks `preempted` before its next chunk
                 pass
-            if mine:
-                done = job.gen.prefill_cut or job.gen.stats.cached_tokens  # no chunk yet: what it restored
-                note = f"partial: {done} of {len(job.tokens)} tokens"
-            else:
-                self._queue(RenderJob(job.tokens, job.use_mtp, job.session), at=i)
+            done = job.gen.prefill_cut or job.gen.stats.cached_tokens  # no chunk yet: what it restored
+            note = f"partial: {done} of {len(job.tokens)} tokens"
         self._drop(covered)
         return note
 

@@ -19,12 +19,34 @@ from mlx_lm.models import gated_delta
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
 
+# A prefill chunk's recurrence runs in compiled blocks of this many positions. mlx-lm's CPU path
+# (`gated_delta_ops`) dispatches ~8 ops per position per layer, so a 256-token chunk was thousands
+# of tiny ops; compiled, a block's elementwise steps fuse into a few kernels. The arithmetic is the
+# same step function in the same order (bit-identical, tests/test_compiled_steps.py).
+BLOCK = 16
+
+
+def _recurrence(q, k, v, g, beta, state):
+    """mlx-lm's step function over each position of the inputs, in order: (ys, final state)."""
+    ys = []
+    for t in range(q.shape[1]):
+        y, state = gated_delta._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
+        ys.append(y)
+    return mx.stack(ys, axis=1), state
+
+
+_block = mx.compile(_recurrence)
+
+
 class CapturingGatedDeltaNet(GatedDeltaNet):
     """Same weights and outputs; when `cache.capture` is set it also fills `cache.positions`
-    with (conv_tail, recurrent_state) after each input position."""
+    with (conv_tail, recurrent_state) after each input position. A longer input without capture
+    (a prefill chunk) runs its recurrence in compiled blocks."""
 
     def __call__(self, inputs: mx.array, mask=None, cache=None) -> mx.array:
-        if cache is None or not getattr(cache, "capture", False) or mask is not None:
+        capture = cache is not None and getattr(cache, "capture", False)
+        blocked = not capture and inputs.shape[1] >= BLOCK
+        if cache is None or mask is not None or cache.lengths is not None or not (capture or blocked):
             return super().__call__(inputs, mask, cache)
         B, S, _ = inputs.shape
         keep = self.conv_kernel_size - 1
@@ -47,14 +69,21 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         if (repeat := self.num_v_heads // self.num_k_heads) > 1:
             q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
         ys, positions = [], []
-        for t in range(S):
-            y, state = gated_delta._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
-            ys.append(y)
-            positions.append((conv_input[:, t + 1 : t + 1 + keep, :], state))
+        if capture:
+            for t in range(S):
+                y, state = gated_delta._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
+                ys.append(y[:, None])
+                positions.append((conv_input[:, t + 1 : t + 1 + keep, :], state))
+            cache.positions = positions
+        else:
+            for s in range(0, S, BLOCK):
+                run = _block if s + BLOCK <= S else _recurrence  # a short tail: not worth a compile per length
+                y, state = run(q[:, s:s + BLOCK], k[:, s:s + BLOCK], v[:, s:s + BLOCK], g[:, s:s + BLOCK],
+                               beta[:, s:s + BLOCK], state)
+                ys.append(y)
         cache[0], cache[1] = mx.contiguous(conv_input[:, -keep:, :]), state
         cache.advance(S)
-        cache.positions = positions
-        out = self.out_proj(self.norm(mx.stack(ys, axis=1), z).reshape(B, S, -1))
+        out = self.out_proj(self.norm(mx.concatenate(ys, axis=1), z).reshape(B, S, -1))
         if self.sharding_group is not None:  # tensor parallel: each rank holds some heads (as mlx-lm sums)
             out = mx.distributed.all_sum(out, group=self.sharding_group)
         return out
