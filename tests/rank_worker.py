@@ -17,8 +17,8 @@ import mlx.core as mx
 from mtplx.distributed.group import join
 
 
-def smoke(out):
-    g = join("tp", timeout_s=20)
+def smoke(out, g=None):
+    g = g or join("tp", timeout_s=20)
     total = mx.distributed.all_sum(mx.array([g.rank + 1.0]), group=g.group)
     gathered = g.gather_ints([g.rank, 7], "a test gather")
     sent = g.broadcast_bytes(b"hello ring" if g.rank == 0 else None, 10, "a test broadcast")
@@ -106,9 +106,22 @@ def _ask(engine, prompt, max_tokens=32):
     return {"tokens": list(fin.token_ids), "cached": fin.cached_tokens, "tau": fin.stats.tau}
 
 
-def engine(out, model, mode, home, restart="restart"):
-    """Two agent turns sharded and in one process; then a restart of the ring restores the second
-    turn's prompt from each rank's SSD, and an unsharded engine over rank 0's SSD directory misses."""
+def _concurrent(engine):
+    """Four requests at once (the scheduler batches them), one of them sampled with a seed."""
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+
+    prompts = [[(i * 31 + j * 7) % 3000 + 5 for i in range(60 + 20 * j)] for j in range(4)]
+    subs = [engine.submit(GenerationRequest(tuple(p), SamplingParams(max_tokens=24, temperature=0.8 if j == 2 else 0.0,
+                                                                      seed=11 + j))) for j, p in enumerate(prompts)]
+    return [list(s.result().token_ids) for s in subs]
+
+
+def engine(out, model, mode, home, extras=""):
+    """Two agent turns sharded and in one process. `extras` (comma-separated): "concurrent" adds four
+    requests at once; "restart" a cancel mid-decode, then a restart of the ring that restores the
+    second turn's prompt from each rank's SSD, and an unsharded engine over rank 0's SSD directory."""
+    restart = "restart" if "restart" in extras.split(",") else ""
     from pathlib import Path
 
     from mtplx.bank.bank import BankConfig
@@ -131,6 +144,8 @@ def engine(out, model, mode, home, restart="restart"):
             code = ring_engine().follow()  # the restart
         sys.exit(code)
     found = {"sharded": _turns(sharded), "health": sharded.health()}
+    if "concurrent" in extras.split(","):
+        found["concurrent"] = _concurrent(sharded)
     if restart == "restart":  # a cancel mid-decode reaches every rank at the same pass; they go on together
         from mtplx.engine.request import GenerationRequest
         from mtplx.engine.sampling import SamplingParams
@@ -146,6 +161,8 @@ def engine(out, model, mode, home, restart="restart"):
     sharded.stop()
     alone = Engine(resolve(model), config, name=model, bank=BankConfig()).start()
     found["alone"] = _turns(alone)
+    if "concurrent" in extras.split(","):
+        found["concurrent_alone"] = _concurrent(alone)
     alone.stop()
     if restart != "restart":
         return write(out, found)
@@ -187,14 +204,15 @@ def diverge(out, model, mode):
 
 
 def kill(out):
+    """The smoke checks, then the last rank vanishes (and with 4 ranks rank 1 hangs)."""
     g = join("tp", timeout_s=float(os.environ.get("MTPLX_TEST_WATCHDOG_S", "4")))
-    g.gather_ints([1], "a first gather")
+    smoke(out, g)
     if g.rank == g.world - 1:
         os._exit(0)  # a peer vanishes (exits without a word) before the next collective
     if g.rank == 1 and g.world > 2:
         time.sleep(3600)  # a peer hangs: alive, never joining the next collective
     g.gather_ints([2], "the gather after a peer left")
-    write(out, {"unexpected": "the gather completed"})
+    write(out, {"unexpected": "the gather completed"})  # never reached: the watchdog ends the rank
 
 
 def write(out, found):

@@ -45,6 +45,12 @@ class ModelRunner:
         on_cpu = mx.default_device() == mx.cpu
         # A sharded trunk (mtplx/distributed) keeps mlx-lm's forward: its layers hold the collectives.
         self.sharded = bool(checkpoint.extras.get("layout"))
+        # Pipeline ranks run different graphs: rank 0's `recv` does not depend on its input tokens,
+        # so collectives still pending in those tokens (the drafts chained from rank 0's logits) or
+        # in another lazy forward could run after it on one rank and before it on another (seen: a
+        # batched verify deadlocked). So under pp a forward's input is evaluated first and the
+        # forward itself at once.
+        self._eager = str(checkpoint.extras.get("layout") or "").startswith("pp")
         self._steps = compiled.build(self.inner) if on_cpu and not self.sharded else None
         self.agree = None  # set on sharded ranks: every rank takes rank 0's logits (distributed/lockstep.py)
         self._head_steps = compiled.build_head(self.mtp) if on_cpu else None
@@ -63,7 +69,12 @@ class ModelRunner:
         ids = _batch(tokens)
         if self._steps is not None and self._steps.usable(ids, cache):
             return self._steps(ids, cache)
-        return self.inner(ids, cache=cache)
+        if self._eager:
+            mx.eval(ids)
+        out = self.inner(ids, cache=cache)
+        if self._eager:
+            mx.eval(out, [c.state for c in cache])
+        return out
 
     def logits(self, hidden: mx.array) -> mx.array:
         logits = self._head_transform(self._project(hidden)).astype(mx.float32)
