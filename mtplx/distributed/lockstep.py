@@ -75,8 +75,6 @@ class RankEngine(Engine):
         return load_sharded(self.model_path, self.group, self.name)
 
     def _start_scheduler(self) -> None:
-        import mlx.core as mx  # noqa: F401
-
         # Plan as the whole model does, not as the layer kinds this rank holds (pipeline parallel).
         rows = self.group.gather_ints([int(self.runner.has_recurrent)], "the model-wide layer kinds")
         self.runner.has_recurrent = any(row[0] for row in rows)
