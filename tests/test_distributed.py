@@ -143,3 +143,66 @@ def test_a_rank_that_forks_ends_every_rank(tmp_path):
     codes, ended, found = ring(tmp_path, 2, "diverge", "tiny-dense", "tp", env={"MTPLX_TEST_WATCHDOG_S": "5"},
                                grace_s=6.0)
     assert found is None and codes == [3, 3]
+
+
+FULL = pytest.mark.skipif(not __import__("os").environ.get("MTPLX_DISTRIBUTED_FULL"),
+                          reason="two servers, ~15 s on 2 cores: MTPLX_DISTRIBUTED_FULL=1 runs it")
+
+
+def _serve(tmp_path, name, *flags):
+    import subprocess
+
+    log = open(tmp_path / f"{name}.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", "--port", "0", *flags], stderr=log,
+                            env={**__import__("os").environ, "MTPLX_HOME": str(tmp_path / name)})
+    return proc, log
+
+
+def _url(log, proc, timeout_s=120):
+    import re
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and proc.poll() is None:
+        log.seek(0)
+        if found := re.search(r"serving \S+ on (http://\S+)/v1", log.read()):
+            return found.group(1)
+        time.sleep(0.2)
+    log.seek(0)
+    raise AssertionError(f"no server URL: {log.read()[-2000:]}")
+
+
+@needs_ring
+@FULL
+def test_serve_shard_tp_answers_like_serve(tmp_path):
+    """`mtplx serve --shard tp --ranks 2` answers OpenAI chat and Anthropic messages (greedy) as
+    `mtplx serve` does; /health and /metrics show the layout; SIGTERM stops every rank, exit 0."""
+    import httpx
+
+    sharded, sharded_log = _serve(tmp_path, "sharded", "--shard", "tp", "--ranks", "2")
+    plain, plain_log = _serve(tmp_path, "plain")
+    try:
+        answers = []
+        for proc, log in ((sharded, sharded_log), (plain, plain_log)):
+            url = _url(log, proc)
+            chat = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+                "model": "tiny-dense", "temperature": 0, "max_tokens": 24,
+                "messages": [{"role": "user", "content": "List three files in a repo."}]}).json()
+            messages = httpx.post(f"{url}/v1/messages", timeout=120, json={
+                "model": "tiny-dense", "temperature": 0, "max_tokens": 24,
+                "messages": [{"role": "user", "content": "What is a bank?"}]}).json()
+            health, metrics = httpx.get(f"{url}/health").json(), httpx.get(f"{url}/metrics").text
+            answers.append((chat["choices"][0]["message"], chat["usage"],
+                            [(b["type"], b.get("text") or b.get("thinking")) for b in messages["content"]],
+                            messages["usage"], health.get("layout"), "mtplx_ranks" in metrics))
+        (s_chat, s_usage, s_msg, s_musage, s_layout, s_gauge), (p_chat, p_usage, p_msg, p_musage, p_layout, p_gauge) = answers
+        assert (s_chat, s_usage, s_msg, s_musage) == (p_chat, p_usage, p_msg, p_musage)
+        assert s_layout["mode"] == "tp" and s_layout["ranks"] == 2 and p_layout is None
+        assert s_gauge and not p_gauge
+        sharded.terminate()
+        assert sharded.wait(timeout=60) == 0
+    finally:
+        for proc in (sharded, plain):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
