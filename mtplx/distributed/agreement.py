@@ -39,9 +39,14 @@ class AgreedPlans:
 
     def __init__(self, bank, group, on_lowered):
         self._bank, self._group, self._on_lowered = bank, group, on_lowered
+        self.hold_writes = False  # set while a pass runs render-ahead only (AgreedBankExecutor.idle_step)
 
     def __getattr__(self, name):
         return getattr(self._bank, name)
+
+    @property
+    def writes_due(self) -> bool:
+        return not self.hold_writes and self._bank.writes_due
 
     def holds(self, tokens) -> bool:
         """Whether every rank holds `tokens` (a render-ahead runs on all ranks or on none)."""
@@ -79,6 +84,20 @@ class AgreedBankExecutor(BankExecutor):
 
     def _lowered(self) -> None:
         self.lowered += 1
+
+    def idle_step(self, kind: str = "render") -> bool:
+        """One unit of idle work of the kind the pass agreed: "write" persists one entry where this
+        rank has one due (no collectives: each rank's own disk, its own retry back-off); "render"
+        advances the render-ahead, which every rank must run alike, holding this rank's writes."""
+        if kind == "write":
+            if self.bank.writes_due:
+                self.bank.persist_one()
+            return self.has_idle_work
+        self.bank.hold_writes = True
+        try:
+            return super().idle_step()
+        finally:
+            self.bank.hold_writes = False
 
     def begin(self, request, use_mtp: bool) -> BankedTurn:
         turn = super().begin(request, use_mtp)

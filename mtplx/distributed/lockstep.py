@@ -67,6 +67,7 @@ class RankEngine(Engine):
         self._serial = 0
         self._admitted: dict[int, Submission] = {}  # serial -> an admitted, unfinished submission
         self._waiting_since: float | None = None
+        self._idle_kind = "render"
 
     # -- loading: this rank's part, the model-wide view, rank 0's logits ------------------------
     def _load(self):
@@ -141,14 +142,18 @@ class RankEngine(Engine):
             self._waiting_since = None
             kind, payload = self._encode(work)
         cancels = self._cancels() if self.group.rank == 0 else []
-        state = [self._digest, len(self._admitted), int(self.bank_executor.has_idle_work) if self.bank_executor else 0]
-        rows = self.group.gather_ints([kind, len(payload), len(cancels), *state], f"decision {self.passes}")
+        executor = self.bank_executor
+        state = [self._digest, len(self._admitted), len(executor.jobs) if executor else 0]
+        writes = int(executor.bank.writes_due) if executor else 0  # per rank: not compared
+        rows = self.group.gather_ints([kind, len(payload), len(cancels), *state, writes], f"decision {self.passes}")
         self.passes += 1
         kind, length, n_cancels = rows[0][:3]
         for r, row in enumerate(rows[1:], start=1):
-            if row[3:] != rows[0][3:]:
+            if row[3:6] != rows[0][3:6]:
                 self._diverged(f"rank {r} forked from rank 0 at decision {self.passes} "
-                               f"(digest, running, idle: {row[3:]} vs {rows[0][3:]})")
+                               f"(digest, running, render-ahead jobs: {row[3:6]} vs {rows[0][3:6]})")
+        # Idle work: SSD writes where any rank has one due (each rank its own), else render-ahead.
+        self._idle_kind = "write" if any(row[6] for row in rows) else "render"
         if length or n_cancels:
             blob = pickle.dumps((payload, cancels)) if self.group.rank == 0 else None
             size = self.group.gather_ints([len(blob) if blob else 0], "the decision's size")[0][0]
@@ -200,7 +205,10 @@ class RankEngine(Engine):
     def _step(self, work) -> None:
         try:
             with self.group.watch(f"engine step after decision {self.passes}"):
-                super()._step(work)
+                if work is _IDLE:  # the kind the pass agreed (Engine._step would let each rank pick)
+                    self.bank_executor.idle_step(self._idle_kind)
+                else:
+                    super()._step(work)
         except Exception as exc:  # one engine does not go on alone: the others would wait on it
             self._diverged(f"engine step after decision {self.passes} failed ({type(exc).__name__}: {exc})")
 
