@@ -5,7 +5,9 @@ work as one engine does (a request to admit, a scheduler step, idle bank work, t
 ranks exchange one small gather per pass: rank 0's decision, plus from every rank a digest of
 what it has emitted so far (token ids, accept counts, cached tokens, finish reasons), its idle
 work and its running requests. A rank whose digest differs from rank 0's has forked, and every
-rank exits with one line. A request admitted on rank 0 reaches the others as bytes (pickled: the
+rank exits with one line. Idle work is of one kind per pass, agreed from every rank's state: SSD
+writes (each rank its own, no collectives) or a render-ahead chunk (every rank alike). A request
+admitted on rank 0 reaches the others as bytes (pickled: the
 ring is private to these processes) with its sampling seed fixed, and a cancel takes effect at
 the same pass on every rank: `Submission.cancel` on rank 0 only asks, the next decision applies it.
 
