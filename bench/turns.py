@@ -13,7 +13,9 @@ Per model, each run measures on every server, interleaved so machine noise hits 
 - decode tok/s of a prose answer (no tools, so nothing is held back): (completion tokens - 1) /
   (total - TTFT), client-side; a run whose first delta came late (held back) is left out.
 
-Servers: mtplx as users get it (MTP, bank, the CPU fast path), mtplx with --no-mtp, mtplx with
+Servers: mtplx as users get it after `mtplx tune` (MTP at the depth the tuner chooses on this
+machine, measured at the start of each model's run without storing it; bank; the CPU fast path),
+mtplx with --no-mtp, mtplx with
 MTPLX_FAST_PATH=off (what it ran before the fast path), and mlx_lm.server twice: with the same fast path (MKL preloaded, fp32 weights) and as it installs
 (bf16, the wheel's reference BLAS). TTFT is to the first generated delta, client-side, streaming.
 Prints medians and the ratios the issue asks for; speed is never asserted anywhere.
@@ -144,15 +146,22 @@ def mtplx_off(model: str):
         proc.wait(30)
 
 
+def tuned_depth(model: str) -> int | None:
+    """The depth `mtplx tune` chooses for `model` on this machine now (None: AR), not stored."""
+    from mtplx.tuning import tune_model
+
+    return tune_model(model, save=False, echo=lambda line: print(f"  tune {model}: {line}", file=sys.stderr))["chosen"]
+
+
 @contextlib.contextmanager
-def servers(model: str):
+def servers(model: str, depth: int | None):
     from mtplx.launch import serve_in_process
 
     mkl = fast_path.mkl_library()
     fast_env = {"LD_PRELOAD": str(mkl), "MKL_CBWR": "AUTO,STRICT", "MKL_DYNAMIC": "FALSE", "KMP_BLOCKTIME": "0"} if mkl else None
     with contextlib.ExitStack() as stack:
         urls = {}
-        for label, arm in (("mtplx", ""), ("mtplx no-mtp", "no-mtp")):
+        for label, arm in (("mtplx", f"depth={depth}" if depth else "no-mtp"), ("mtplx no-mtp", "no-mtp")):
             engine, server = serve_in_process(model, arm)
             stack.callback(engine.stop)
             stack.callback(server.stop)
@@ -181,7 +190,9 @@ def main() -> None:
     for model in args.model or ["tiny-dense", "tiny-hybrid"]:
         tok = AutoTokenizer.from_pretrained(str(resolve(model)))
         cold, agent = prompts(tok)
-        with servers(model) as urls, httpx.Client(timeout=900) as client:
+        depth = tuned_depth(model)
+        print(f"{model}: tuned depth {depth or 'ar'}", file=sys.stderr, flush=True)
+        with servers(model, depth) as urls, httpx.Client(timeout=900) as client:
             rows = {label: [] for label in urls}
             strips = {label: {idle: [] for idle in args.idle} for label in STRIP_SERVERS if label in urls}
             for run in range(args.runs):
@@ -192,7 +203,7 @@ def main() -> None:
                         for idle in args.idle:
                             strips[label][idle].append(drive(client, urls[label][0], tok, idle))
                 print(f"{model}: run {run + 1}/{args.runs} done", file=sys.stderr, flush=True)
-        report(model, urls, rows)
+        report(model, urls, rows, depth)
         report_strip(model, strips, args.chart.with_name(f"{args.chart.stem}-{model}{args.chart.suffix}"))
 
 
@@ -201,7 +212,7 @@ def _median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def report(model: str, urls: dict, rows: dict) -> None:
+def report(model: str, urls: dict, rows: dict, depth: int | None) -> None:
     med = {label: {k: _median([r[k] for r in rs]) for k in rs[0]} for label, rs in rows.items()}
     print(f"\n{model}: medians of {len(next(iter(rows.values())))} runs (client-side, streaming; noisy shared 2-core CPU)")
     print(f"{'server':<22} {'compute':<24} {'cold TTFT':>10} {'(tokens)':>8} {'append TTFT':>12} {'(new tok)':>9} "
@@ -216,7 +227,7 @@ def report(model: str, urls: dict, rows: dict) -> None:
             print(f"  vs {peer:<19} cold TTFT mtplx/peer {mine['cold_ttft'] / p['cold_ttft']:.2f}   "
                   f"append TTFT mtplx/peer {mine['append_ttft'] / p['append_ttft']:.2f}   "
                   f"AR decode mtplx/peer {ar['decode_tps'] / p['decode_tps']:.2f}")
-    print(f"  MTP/AR decode (mtplx) {mine['decode_tps'] / ar['decode_tps']:.2f}")
+    print(f"  MTP/AR decode (mtplx, tuned depth {depth or 'ar'}) {mine['decode_tps'] / ar['decode_tps']:.2f}")
     off = med.get("mtplx fast path off")
     if off:
         print(f"  fast path on/off (mtplx, MTP): cold TTFT {mine['cold_ttft'] / off['cold_ttft']:.2f}, "

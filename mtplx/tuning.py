@@ -80,4 +80,4 @@ def _choose(costs: step_costs.StepCosts, acceptance: list[float], measured: dict
     if save:
         store_tuned(identity, depth is not None, depth or 1, measured
                     | {"predicted": {k: costs.speedup(k, acceptance) for k in range(1, len(acceptance) + 1)}})
-    return measured
+    return measured | {"chosen": depth}
