@@ -4,7 +4,7 @@
 
 Each instance gets its own MTPLX_HOME (one bank directory has one owner). Three arms, each over
 fresh instances: `direct` — one instance, no router (what one engine restores: the reference);
-then the router, SMG (PyPI `smg`, a separate install: `pip install smg`), twice:
+then the router, SMG (PyPI `smg`, in the test extra), twice:
 - affinity: `--policy consistent_hashing --sticky-sessions --routing-key-headers <the session
   headers agents send>`: every request of a session lands on the instance that holds its bank;
 - round_robin: what a plain load balancer does.
@@ -13,7 +13,8 @@ server's own replies sent back (greedy, so every arm sees the same prompts); eve
 cached tokens are compared with the direct arm's for the same session and turn. The default of 3
 sessions over 2 instances makes round robin move every session each turn. Then (affinity only) one instance is killed with SIGKILL and every session sends one more
 turn: the statuses show whether the router moved them, and their cached tokens that a moved
-session starts cold. Prints one table per policy. Not part of CI (needs smg; slow).
+session starts cold. Prints one table per policy. Too slow for CI: tests/test_router.py is its short form
+(2 sessions, 2 turns, affinity only).
 """
 
 from __future__ import annotations
