@@ -98,6 +98,22 @@ def test_a_lost_or_hung_peer_ends_every_other_rank_within_the_watchdog_time(tmp_
     assert max(ended[r] for r in waiting) < 2 + 8, ended
 
 
+def test_watchdog_reports_a_stalled_block_before_its_deadline():
+    """/health's `layout.status`: "stalled" once a watched block passed half the deadline, with
+    what it waits on; the rank still exits only at the deadline."""
+    from mtplx.distributed.watchdog import Watchdog
+
+    dog = Watchdog(0, 12.0)
+    assert dog.state() == {"status": "ok", "watchdog_s": 12.0}
+    with dog.watch("decision 41"):
+        assert dog.state()["status"] == "ok"  # just armed
+        with dog._cond:
+            dog._deadline -= 7  # as if 7 s had passed in the block: past half the deadline, 5 s before it
+        state = dog.state()
+        assert state["status"] == "stalled" and state["stalled"].startswith("decision 41: 7 s of the 12 s watchdog"), state
+    assert dog.state()["status"] == "ok"
+
+
 # -- the engine on every rank ----------------------------------------------------------------
 def _turn_facts(turns):
     return [(t["tokens"], t["cached"], t["tau"]) for t in turns]
@@ -124,6 +140,10 @@ def test_engine_on_every_rank_equals_one_process(tmp_path, model, mode, n, extra
     assert _turn_facts(found["sharded"]) == _turn_facts(found["alone"])
     assert found["sharded"][0]["cached"] == 0 and found["sharded"][1]["cached"] > 0
     assert found["health"]["layout"]["mode"] == mode and found["health"]["layout"]["ranks"] == n
+    banks = found["health"]["layout"]["banks"]  # every rank's bank, sent with each pass
+    assert [b["rank"] for b in banks] == list(range(n)) and all(b["ram_entries"] > 0 for b in banks), banks
+    if mode == "tp":  # every rank holds an equal share of each entry's state
+        assert len({(b["ram_entries"], b["ram_kib"]) for b in banks}) == 1, banks
     if extras == "concurrent":
         assert found["concurrent"] == found["concurrent_alone"]
     if extras == "restart":
@@ -172,19 +192,39 @@ def _url(log, proc, timeout_s=120):
     raise AssertionError(f"no server URL: {log.read()[-2000:]}")
 
 
+def _attached_header(url: str) -> str:
+    """The header of `mtplx tui --attach URL` once it has read the server's /health."""
+    import asyncio
+
+    from tui.app import MtplxApp
+
+    async def flow():
+        app = MtplxApp(None, url, attach_url=url, reconnect_s=0.2)
+        async with app.run_test(size=(150, 40)) as pilot:
+            for _ in range(200):
+                if "·" in app.sub_title:
+                    break
+                await pilot.pause(0.05)
+            return app.sub_title
+
+    return asyncio.run(flow())
+
+
 @needs_ring
 @FULL
 def test_serve_shard_tp_answers_like_serve(tmp_path):
     """`mtplx serve --shard tp --ranks 2` answers OpenAI chat and Anthropic messages (greedy) as
-    `mtplx serve` does; /health and /metrics show the layout; SIGTERM stops every rank, exit 0."""
+    `mtplx serve` does; /health and /metrics show the layout, and so does `mtplx tui --attach`'s
+    header; SIGTERM stops every rank, exit 0."""
     import httpx
 
     sharded, sharded_log = _serve(tmp_path, "sharded", "--shard", "tp", "--ranks", "2")
     plain, plain_log = _serve(tmp_path, "plain")
     try:
-        answers = []
+        answers, urls = [], []
         for proc, log in ((sharded, sharded_log), (plain, plain_log)):
             url = _url(log, proc)
+            urls.append(url)
             chat = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
                 "model": "tiny-dense", "temperature": 0, "max_tokens": 24,
                 "messages": [{"role": "user", "content": "List three files in a repo."}]}).json()
@@ -199,6 +239,7 @@ def test_serve_shard_tp_answers_like_serve(tmp_path):
         assert (s_chat, s_usage, s_msg, s_musage) == (p_chat, p_usage, p_msg, p_musage)
         assert s_layout["mode"] == "tp" and s_layout["ranks"] == 2 and p_layout is None
         assert s_gauge and not p_gauge
+        assert _attached_header(urls[0]) == f"{urls[0]} · tiny-dense · tp × 2 ranks"  # `mtplx tui --attach` shows it
         sharded.terminate()
         assert sharded.wait(timeout=60) == 0
     finally:

@@ -119,6 +119,45 @@ def test_error_notice(snap_compare):
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
 
 
+# /health of `mtplx serve --shard tp --ranks 2 -m tiny-dense` after two turns, rank 1's SSD tier failing
+SHARDED_HEALTH = {"status": "ok", "model": "tiny-dense", "engine": "ok", "busy": False,
+                  "layout": {"mode": "tp", "ranks": 2, "rank": 0, "split": None, "passes": 16, "status": "ok",
+                             "watchdog_s": 60.0,
+                             "banks": [{"rank": 0, "ram_entries": 2, "ram_kib": 3100, "ssd_entries": 1, "ssd": "ok"},
+                                       {"rank": 1, "ram_entries": 2, "ram_kib": 3100, "ssd_entries": 0,
+                                        "ssd": "degraded"}]}}
+
+
+def test_attached_header_shows_the_sharded_layout(snap_compare):
+    """Attached to a sharded server: the header names its layout and, where the ranks' banks
+    differ, each rank's."""
+    from tui.messages import HealthChanged
+
+    app = MtplxApp(engine=None, model_name="http://127.0.0.1:8080", server_url=None)
+
+    async def run_before(pilot):
+        app.post_message(HealthChanged(SHARDED_HEALTH))
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_header_line_from_health():
+    from tui.health import header
+
+    url = "http://127.0.0.1:8080"
+    assert header(url, None) == url
+    assert header(url, {"status": "ok", "model": "tiny-dense"}) == f"{url} · tiny-dense"  # not sharded
+    same = {**SHARDED_HEALTH["layout"], "banks": [dict(b, ssd="ok", ssd_entries=0) for b in SHARDED_HEALTH["layout"]["banks"]]}
+    assert header(url, {"model": "tiny-dense", "layout": same}) == f"{url} · tiny-dense · tp × 2 ranks"
+    pp = {"mode": "pp", "ranks": 2, "split": [3, 1], "status": "stalled", "stalled": "decision 41: 34 s of the 60 s watchdog",
+          "banks": [{"rank": 0, "ram_entries": 1, "ram_kib": 1024, "ssd_entries": 0, "ssd": "ok"},
+                    {"rank": 1, "ram_entries": 1, "ram_kib": 3072, "ssd_entries": 0, "ssd": "ok"}]}
+    assert header(url, {"model": "m", "layout": pp, "status": "unavailable", "engine": "dead", "engine_error": "x"}) == (
+        f"{url} · m · pp × 2 ranks (layers 3/1) · bank r0 1 in RAM 1.0 MiB; r1 1 in RAM 3.0 MiB · "
+        "stalled: decision 41: 34 s of the 60 s watchdog · unavailable: x")
+
+
 def test_help_screen(snap_compare):
     assert snap_compare(app_with(), terminal_size=SIZE, press=["f1"])
 
@@ -464,6 +503,7 @@ def test_attach_sees_the_bank_survives_a_restart_and_sends_the_api_key(banked_en
         async with app.run_test(size=SIZE) as pilot:
             state = lambda: str(app.dashboard.query_one("#endpoint").render())
             await _until(pilot, lambda: state().endswith("· connected"), "connected")
+            await _until(pilot, lambda: app.sub_title == "attached · tiny-dense", lambda: f"the header: {app.sub_title}")
             post = lambda: httpx.post(servers[-1].url + "/v1/chat/completions", json=body, headers=auth, timeout=120)
             assert (await asyncio.to_thread(post)).status_code == 200
             await _until(pilot, lambda: app.dashboard.query_one("#turns").row_count == 1, "the agent's turn")

@@ -15,7 +15,8 @@ from textual import work
 from textual.app import App, SystemCommand
 
 from mtplx.events import BankDecision
-from tui.messages import BankChanged, ConnectionChanged, EngineEventArrived
+from tui.health import header
+from tui.messages import BankChanged, ConnectionChanged, EngineEventArrived, HealthChanged
 from tui.screens.dashboard import Dashboard
 from tui.screens.help import HelpScreen
 from tui.screens.receipts import ReceiptsScreen
@@ -149,7 +150,12 @@ class MtplxApp(App):
         await Attachment(self.attach_url, self.api_key, backoff_s=self.reconnect_s,
                          on_event=lambda e: self.post_message(EngineEventArrived(e)),
                          on_bank=lambda entries: self.post_message(BankChanged(entries)),
-                         on_state=lambda state: self.post_message(ConnectionChanged(state))).run()
+                         on_state=lambda state: self.post_message(ConnectionChanged(state)),
+                         on_health=lambda report: self.post_message(HealthChanged(report))).run()
+
+    def on_health_changed(self, message: HealthChanged) -> None:
+        # The header names the server's model and, sharded, its layout (tui/health.py).
+        self.sub_title = header(self.model_name, message.report)
 
     def on_connection_changed(self, message: ConnectionChanged) -> None:
         if self.is_running:  # the attach worker's last messages can arrive while the app closes its screens

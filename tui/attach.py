@@ -8,6 +8,7 @@ reconnecting in Ns); a lost stream (a server restart) is retried with a doubling
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Callable
 
@@ -16,6 +17,7 @@ import httpx
 from mtplx.events import BankDecision, Restored, event_from_dict
 
 MAX_BACKOFF_S = 30.0
+HEALTH_S = 2.0  # /health is re-read this often (a stalled collective, each rank's bank)
 
 
 def normalise(url: str) -> str:
@@ -32,16 +34,19 @@ class Attachment:
     to the UI only through the callbacks it was given."""
 
     def __init__(self, url: str, api_key: str | None, *, on_event: Callable, on_bank: Callable[[list[dict]], None],
-                 on_state: Callable[[str], None], backoff_s: float = 1.0):
+                 on_state: Callable[[str], None], on_health: Callable[[dict], None] = lambda report: None,
+                 backoff_s: float = 1.0):
         self.base, self.on_event, self.on_bank, self.on_state = normalise(url), on_event, on_bank, on_state
+        self.on_health = on_health
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.backoff_s = backoff_s
 
     async def run(self) -> None:
         """Follow the event stream until cancelled, reconnecting after every loss."""
-        self._bank_due = asyncio.Event()
+        self._bank_due, self._health_due = asyncio.Event(), asyncio.Event()
         async with httpx.AsyncClient(headers=self.headers, timeout=httpx.Timeout(5.0, read=None)) as client:
             fetcher = asyncio.create_task(self._bank_loop(client))
+            health = asyncio.create_task(self._health_loop(client))
             try:
                 delay = self.backoff_s
                 while True:
@@ -54,6 +59,7 @@ class Attachment:
                     delay = min(delay * 2, MAX_BACKOFF_S)
             finally:
                 fetcher.cancel()
+                health.cancel()
 
     async def _follow(self, client: httpx.AsyncClient) -> str:
         self.on_state("connecting")
@@ -65,6 +71,7 @@ class Attachment:
                     return f"HTTP {r.status_code} from {self.base}/v1/mtplx/events (is it an mtplx server?)"
                 self.on_state("connected")
                 self._bank_due.set()  # what the bank holds now, before any event says so
+                self._health_due.set()
                 async for line in r.aiter_lines():
                     if line.startswith("data: "):
                         event = event_from_dict(json.loads(line[6:]))
@@ -91,3 +98,16 @@ class Attachment:
             except (httpx.HTTPError, ValueError, KeyError):
                 pass  # the stream's own state says what is wrong; the next bank event retries
             await asyncio.sleep(0.2)
+
+    async def _health_loop(self, client: httpx.AsyncClient) -> None:
+        """/health on connecting, then every HEALTH_S (a 503 still carries the report)."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._health_due.wait(), HEALTH_S)
+            self._health_due.clear()
+            try:
+                r = await client.get(self.base + "/health", timeout=10.0)
+                if r.status_code in (200, 503):
+                    self.on_health(r.json())
+            except (httpx.HTTPError, ValueError):
+                pass  # the stream's own state says what is wrong

@@ -30,3 +30,11 @@ class ConnectionChanged(Message):
     def __init__(self, state: str) -> None:
         super().__init__()
         self.state = state
+
+
+class HealthChanged(Message):
+    """Attach mode: the server's /health report (its model, a sharded run's layout and ranks)."""
+
+    def __init__(self, report: dict) -> None:
+        super().__init__()
+        self.report = report

@@ -36,6 +36,19 @@ from mtplx.events import DraftVerified, Failed, Finished, Restored, Tokens
 
 NOOP, STEP, IDLE, ADMIT, STOP = range(5)
 HEARTBEAT_S = 0.5
+# Each rank's bank, sent with every pass (not compared: under pp entry sizes differ per rank, and
+# each rank's bank decides what it stores and evicts).
+BANK_FIELDS = ("ram_entries", "ram_kib", "ssd_entries", "ssd")
+SSD_STATES = ("off", "ok", "degraded")
+
+
+def _bank_state(executor) -> list[int]:
+    if executor is None:
+        return [0, 0, 0, 0]
+    bank = executor.bank
+    ssd = 0 if bank.ssd is None else 2 if bank.ssd_health.error else 1
+    on_ssd = sum(1 for k in bank.ssd_views if k not in bank.entries)
+    return [len(bank.entries), sum(e.nbytes for e in bank.entries.values()) // 1024, on_ssd, ssd]
 
 
 class AgreedCancel:
@@ -70,6 +83,7 @@ class RankEngine(Engine):
         self._admitted: dict[int, Submission] = {}  # serial -> an admitted, unfinished submission
         self._waiting_since: float | None = None
         self._idle_kind = "render"
+        self.banks: list[list[int]] = []
 
     # -- loading: this rank's part, the model-wide view, rank 0's logits ------------------------
     def _load(self):
@@ -97,9 +111,12 @@ class RankEngine(Engine):
 
     def health(self) -> dict:
         out = super().health()
-        out["layout"] = {**self.layout, "passes": self.passes}
+        out["layout"] = {**self.layout, "passes": self.passes, **self.group.watchdog.state()}
         if self.bank_executor is not None and self.bank_executor.lowered:
             out["layout"]["restores_lowered_to_agree"] = self.bank_executor.lowered
+        if self.bank_executor is not None and (banks := self.banks):  # the last pass's, read whole
+            out["layout"]["banks"] = [dict(zip(BANK_FIELDS, row), rank=r, ssd=SSD_STATES[row[3]])
+                                      for r, row in enumerate(banks)]
         return out
 
     # -- rank 0's clients --------------------------------------------------------------------
@@ -147,8 +164,10 @@ class RankEngine(Engine):
         executor = self.bank_executor
         state = [self._digest, len(self._admitted), len(executor.jobs) if executor else 0]
         writes = int(executor.bank.writes_due) if executor else 0  # per rank: not compared
-        rows = self.group.gather_ints([kind, len(payload), len(cancels), *state, writes], f"decision {self.passes}")
+        rows = self.group.gather_ints([kind, len(payload), len(cancels), *state, writes, *_bank_state(executor)],
+                                      f"decision {self.passes}")
         self.passes += 1
+        self.banks = [row[7:] for row in rows]  # each rank's bank as of this pass (for /health, rank 0)
         kind, length, n_cancels = rows[0][:3]
         for r, row in enumerate(rows[1:], start=1):
             if row[3:6] != rows[0][3:6]:

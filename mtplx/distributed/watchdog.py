@@ -57,6 +57,17 @@ class Watchdog:
                 with self._cond:
                     self._what = None
 
+    def state(self) -> dict:
+        """For /health: "stalled" once one watched block has run past half the deadline (a peer
+        may have hung: the rank exits when the deadline passes), with what it waits on."""
+        with self._cond:
+            what, left = self._what, self._deadline - time.monotonic()
+        waited = self.timeout_s - left
+        if what is None or waited < self.timeout_s / 2:
+            return {"status": "ok", "watchdog_s": self.timeout_s}
+        return {"status": "stalled", "watchdog_s": self.timeout_s,
+                "stalled": f"{what}: {waited:.0f} s of the {self.timeout_s:g} s watchdog (exits at the deadline)"}
+
     def _watch(self) -> None:
         with self._cond:
             while True:
