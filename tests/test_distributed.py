@@ -124,9 +124,7 @@ def _turn_facts(turns):
     ("tiny-dense", "tp", 2, ""),
     ("tiny-hybrid", "tp", 2, "restart"),
     ("tiny-hybrid", "pp", 2, "concurrent"),
-    pytest.param("tiny-hybrid", "pp", 4, "concurrent", marks=pytest.mark.skipif(
-        not __import__("os").environ.get("MTPLX_DISTRIBUTED_FULL"), reason="4 ranks take ~30 s on 2 cores: "
-        "MTPLX_DISTRIBUTED_FULL=1 runs it")),
+    ("tiny-hybrid", "pp", 4, "concurrent"),
 ])
 def test_engine_on_every_rank_equals_one_process(tmp_path, model, mode, n, extras):
     """Greedy, MTP depth 2, bank on, two agent turns with render-ahead between them: generated
@@ -165,8 +163,6 @@ def test_a_rank_that_forks_ends_every_rank(tmp_path):
     assert found is None and codes == [3, 3]
 
 
-FULL = pytest.mark.skipif(not __import__("os").environ.get("MTPLX_DISTRIBUTED_FULL"),
-                          reason="two servers, ~15 s on 2 cores: MTPLX_DISTRIBUTED_FULL=1 runs it")
 
 
 def _serve(tmp_path, name, *flags):
@@ -211,7 +207,6 @@ def _attached_header(url: str) -> str:
 
 
 @needs_ring
-@FULL
 def test_serve_shard_tp_answers_like_serve(tmp_path):
     """`mtplx serve --shard tp --ranks 2` answers OpenAI chat and Anthropic messages (greedy) as
     `mtplx serve` does; /health and /metrics show the layout, and so does `mtplx tui --attach`'s
