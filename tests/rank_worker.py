@@ -71,7 +71,10 @@ def logits(out, model, mode):
         write(out, {"pp_refused": refused, "max_abs": diff.max().item(), "scale": mx.abs(alone).max().item(),
                     "argmax_equal": bool(mx.all(mx.argmax(mine, -1) == mx.argmax(alone, -1)).item()),
                     "exact": bool(mx.array_equal(mine, alone).item()), "layout": sharded.checkpoint.extras["layout"],
-                    "identity": sharded.checkpoint.identity})
+                    "identity": sharded.checkpoint.identity,
+                    # mlx-lm's shard() split the head by vocabulary (an untied head under tp)
+                    "head_sharded": getattr(getattr(sharded.model, "language_model", sharded.model), "sharding_group",
+                                            None) is not None})
     g.gather_ints([0], "the end of the test")
 
 

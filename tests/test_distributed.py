@@ -85,6 +85,39 @@ def test_sharded_logits_equal_one_process(tmp_path, model, mode):
         assert found["max_abs"] < 1e-4, found
 
 
+def _untied_hybrid(dest: Path) -> Path:
+    """tiny-hybrid with its own (untied) LM head, as real Qwen3.5 checkpoints have: mlx-lm's shard()
+    then splits the head by vocabulary, and each rank's logits must be gathered before sampling."""
+    import shutil
+
+    src = resolve("tiny-hybrid")
+    dest.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in ("model.safetensors", "config.json"):
+            shutil.copy(f, dest / f.name)
+    weights = dict(mx.load(str(src / "model.safetensors")))
+    embed = weights["model.language_model.embed_tokens.weight"]
+    # A head that is not the embedding: each row scaled differently, so a wrong gather shows.
+    weights["lm_head.weight"] = embed * (1.0 + mx.arange(embed.shape[0], dtype=embed.dtype)[:, None] / embed.shape[0])
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    config = json.loads((src / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    config.get("text_config", {})["tie_word_embeddings"] = False
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+@needs_ring
+def test_a_vocab_sharded_untied_head_is_gathered_before_sampling(tmp_path):
+    """tp 2 on an untied head: each rank projects half the vocabulary; the gathered logits equal one
+    process's within 1e-4 (and argmax equal) over the prompt and three decode steps."""
+    model = _untied_hybrid(tmp_path / "untied-hybrid")
+    codes, _, found = ring(tmp_path, 2, "logits", str(model), "tp")
+    assert codes == [0, 0], found
+    assert found["argmax_equal"] and found["max_abs"] < 1e-4, found
+    assert found["head_sharded"], found
+
+
 @needs_ring
 @pytest.mark.parametrize("n", [2, 4])
 def test_a_lost_or_hung_peer_ends_every_other_rank_within_the_watchdog_time(tmp_path, n):
