@@ -193,13 +193,8 @@ class Generation:
         # `<think>`, a chat-format marker), a few plain steps come first, so the first delta the
         # client sees never waits for that KV. Their hiddens join the head's pending pairs.
         while lazy_head and not shown and self.finish_reason is None and len(tokens) <= HIDDEN_LEAD:
-            with self.runner.small_forwards():
-                hidden = self.runner.hidden([tokens[-1]], self.state.trunk)
-                logits = self.runner.logits(hidden)[0, -1]
-                mx.eval(logits)
-            self.state.tokens.append(tokens[-1])
-            self.state.length += 1
-            tokens.append(self.pick(logits))
+            token, hidden = self._ar_step(tokens[-1])
+            tokens.append(token)
             hiddens.append(hidden)
             shown = yield from self._emit_shown(tokens[-1:])
         if lazy_head and self.finish_reason is None:
@@ -231,7 +226,7 @@ class Generation:
         if self.speculator is not None:
             yield from self.take_round(*self.speculator.round(self.draft_budget()))
         else:
-            yield from self.take_tokens([self._ar_step(self.last)])
+            yield from self.take_tokens([self._ar_step(self.last)[0]])
 
     def take_round(self, new: list[int], drafts: list[int], accepted: int) -> Iterator:
         """The events of one verify round (alone or as one row of a batch)."""
@@ -266,13 +261,14 @@ class Generation:
         rule = self.request.tool_rule
         return logits if rule is None else rule.apply(logits, self.generated + drafted)
 
-    def _ar_step(self, last: int) -> int:
+    def _ar_step(self, last: int) -> tuple[int, mx.array]:
+        """Feed `last`; the next token, and the hidden at `last`'s position (an MTP pair's half)."""
         t = time.perf_counter()
-        logits = self.runner.step_logits([last], self.state.trunk)
+        logits, hidden = self.runner.step_logits([last], self.state.trunk)
         self.stats.verify_s += time.perf_counter() - t
         self.state.tokens.append(last)
         self.state.length += 1
-        return self.pick(logits)
+        return self.pick(logits), hidden
 
     def feed_tail(self, tokens: list[int]) -> None:
         """After decoding: feed tokens that were sampled but never fed (the last one, EOS), and

@@ -90,12 +90,14 @@ class ModelRunner:
             return self._head_steps(hidden, embeds, mtp_cache)
         return self.mtp(hidden, embeds, mtp_cache)
 
-    def step_logits(self, tokens: list[int], cache: list) -> mx.array:
-        """The last position's logits after feeding `tokens` (an autoregressive step), evaluated."""
+    def step_logits(self, tokens: list[int], cache: list) -> tuple[mx.array, mx.array]:
+        """An autoregressive step: the last position's logits after feeding `tokens`, evaluated,
+        and the hidden states (lazy past the last position's)."""
         with self.small_forwards():
-            logits = self.logits(self.hidden(tokens, cache))[0, -1]
+            hidden = self.hidden(tokens, cache)
+            logits = self.logits(hidden)[0, -1]
             mx.eval(logits)
-        return logits
+        return logits, hidden
 
     def small_forwards(self):
         """Context for decode steps and verifies (1 to k+1 tokens): MKL on one thread (see
