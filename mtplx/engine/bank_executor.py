@@ -209,7 +209,7 @@ class BankExecutor:
             job, steps = self.jobs[i]
             if job.gen is not None:
                 job.preempted = True
-                for _ in steps:  # returns at once (see _preempt_render_ahead)
+                for _ in steps:  # returns at once: the prefill checks `preempted` before its next chunk
                     pass
             del self.jobs[i]
 
@@ -221,20 +221,16 @@ class BankExecutor:
         was done. Any other job stays suspended where it is, costing the request nothing (storing
         its state would copy megabytes the request has no use for), and goes on at the next idle step.
         Returns how far the render-ahead of `prompt`'s own rendering had come (None: none queued)."""
-        note, covered = None, []
-        for i, (job, steps) in enumerate(self.jobs):
-            if not _extends(prompt, job.tokens):
-                continue
-            covered.append(i)
-            if job.gen is None:  # not started: nothing to keep
+        covered = [i for i, (job, _) in enumerate(self.jobs) if _extends(prompt, job.tokens)]
+        jobs = [self.jobs[i][0] for i in covered]
+        self._drop(covered)  # the ones under way stop at their chunk boundary and keep what they did
+        note = None
+        for job in jobs:
+            if job.gen is None:  # not started: nothing kept
                 note = note or f"queued: not started ({len(job.tokens)} tokens)"
-                continue
-            job.preempted = True
-            for _ in steps:  # returns at once: the prefill checks `preempted` before its next chunk
-                pass
-            done = job.gen.prefill_cut or job.gen.stats.cached_tokens  # no chunk yet: what it restored
-            note = f"partial: {done} of {len(job.tokens)} tokens"
-        self._drop(covered)
+            else:
+                done = job.gen.prefill_cut or job.gen.stats.cached_tokens  # no chunk yet: what it restored
+                note = f"partial: {done} of {len(job.tokens)} tokens"
         return note
 
     def _render_ahead(self, job: RenderJob) -> Iterator:
