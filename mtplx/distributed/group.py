@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import mlx.core as mx
+import numpy as np
 
 from mtplx.distributed.layout import Layout, LayoutError
 from mtplx.distributed.watchdog import Watchdog
@@ -52,15 +53,11 @@ class Group:
             return b""
         with self.watch(what):
             if self.rank == 0:
-                import numpy as np
-
                 mine = mx.array(np.frombuffer(data, dtype=np.uint8).astype(np.int32))
             else:
                 mine = mx.zeros((length,), dtype=mx.int32)
             out = mx.distributed.all_sum(mine, group=self.group)
             mx.eval(out)
-        import numpy as np
-
         return np.asarray(out).astype(np.uint8).tobytes()
 
     def from_rank0(self, x: mx.array) -> mx.array:
