@@ -28,8 +28,18 @@ class Boundary:
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
            add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> list[int]:
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    from mtplx.reply_ids import ReplyIds, encode_spliced
+
     if template_iterates_arguments(getattr(tokenizer, "chat_template", None)):
         messages = [_arguments_as_mapping(m) for m in messages]
+    replies = ReplyIds.of(tokenizer)
+    if replies.has_any(messages):
+        # A reply this model generated comes back as text: its span keeps the generated ids (reply_ids.py)
+        text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+                                             tokenize=False, **kwargs)
+        splices = replies.splices(messages, text)
+        if splices:
+            return encode_spliced(tokenizer, text, splices)
     ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
                                         tokenize=True, return_dict=False, **kwargs)
     return list(ids)

@@ -270,8 +270,8 @@ def test_codex_second_turn_restores_the_whole_first_turn(url):
     the output items it read from our stream (a reasoning item keeps only our sealed blob) and the
     new input (recorded: 0001 then 0002). Folded back into chat messages that history renders to
     what the bank prepared while the agent was busy, so the whole first turn, reply included, is
-    restored. (A client that resends before the bank has prepared it restores up to the first token
-    where the sampled ids differ from the re-encoded text: see docs/server.md.)"""
+    restored. (The reply itself renders as the ids the model sampled, so only what the template
+    changes, e.g. a tool call it re-serialises, waits for the render-ahead: see docs/server.md.)"""
     from mtplx.events import Restored
 
     first, later = fixture("codex", "0001-v1_responses.json"), fixture("codex", "0002-v1_responses.json")

@@ -13,6 +13,7 @@ The bank is consulted in two places only: `_begin` (plan: where the request star
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -25,6 +26,7 @@ from typing import Callable, Iterator
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, ModelLoadError, MtplxError, RequestError
 from mtplx.events import TERMINAL, BankDecision, EngineEvent, Failed, Finished, Queued
+from mtplx.reply_ids import ReplyIds
 
 log = logging.getLogger("mtplx.engine")
 
@@ -285,6 +287,9 @@ class Engine:
 
                     try:
                         ssd = SsdTier(self.ssd_config)
+                        # the ids sent-back replies render as must outlive the process like the entries they match
+                        digest = hashlib.sha256(self.checkpoint.identity.encode()).hexdigest()[:12]
+                        ReplyIds.of(self.checkpoint.tokenizer).persist(ssd.root / f"replies-{digest}.db")
                     except Exception as exc:  # an unusable disk costs persistence, never serving
                         self.ssd_error = f"{type(exc).__name__}: {exc}"
                         log.warning("SSD tier unavailable (%s); the bank is RAM-only", self.ssd_error)
@@ -435,6 +440,13 @@ class Engine:
             return self._failed(seq.sub, error)
         try:
             finished, tail = gen.finish()
+            if finished.finish_reason in ("stop", "length") and not gen.stream.stopped:
+                # Before the client can send the reply back (it may at once) and before the bank
+                # renders the next turn's variants: both splice these ids (reply_ids.py).
+                try:
+                    ReplyIds.of(self.checkpoint.tokenizer).record(self.checkpoint.tokenizer, finished.reply, finished.token_ids)
+                except Exception:  # the turn was served; a reply not recorded only renders as text
+                    log.exception("recording the reply ids of %s failed", request.request_id)
             if tail:
                 self._publish(seq.sub, Tokens(request.request_id, (), tail, gen.segments.current))
             self._publish(seq.sub, finished)

@@ -1,0 +1,193 @@
+"""The ids each reply was generated as, so a history that sends the reply back renders to them.
+
+A model often samples a text in a tokenization the tokenizer would not choose ("\\n\\n" as two
+"\\n" tokens; the tiny models do it within the first ~50 tokens of most long replies). A client
+sends the reply back as text; re-encoded, the history differs from what the model computed from
+that token on, so the bank restores only up to there and the rest of the reply is prefilled again
+before the next turn can start (~4 ms a token at 9k tokens of context on a CPU: a Codex resend
+0.9 s after a 500-token reply found it undone). Rendering the reply as the ids the model generated
+keeps the history the model's own, and every later turn restores through it whenever it comes.
+
+The rendering stays a function of the request and this store: a sent-back assistant message is
+spliced only where the text the template renders for it contains the generated text verbatim (the
+whole reply, or the part after the reasoning that a new user message strips, or the text before a
+tool call the template re-serialises); everything else is encoded as before. The store lives with
+the bank's SSD tier, so a restarted server renders the same history to the same ids (and restores
+it from SSD); without a file it lasts as long as the process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+_STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Span:
+    """A run of generated ids and the text it decodes to."""
+
+    text: str
+    ids: tuple[int, ...]
+
+
+def reply_key(message: dict) -> str:
+    """What identifies a reply as sent back: its content (trimmed) and its calls (name, parsed
+    arguments): the fields bank/spans.same_reply compares, so every route finds the same record."""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", call) if isinstance(call, dict) else {}
+        args = fn.get("arguments")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            pass
+        calls.append([fn.get("name"), args])
+    content = message.get("content")
+    blob = json.dumps([content.strip() if isinstance(content, str) else "", calls], sort_keys=True, ensure_ascii=False,
+                      default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def spans_of(tokenizer, ids: list[int]) -> list[Span]:
+    """The runs of `ids` a template may render verbatim, longest first: the whole reply; after the
+    reasoning's closing tag (with and without the whitespace after it); before the first tool-call
+    tag; each with trailing whitespace tokens trimmed too."""
+    think_end = _token_id(tokenizer, "</think>")
+    call_start = _token_id(tokenizer, "<tool_call>")
+    blank = lambda i: tokenizer.decode([ids[i]]).strip() == ""
+    starts = [0]
+    if think_end is not None and think_end in ids:
+        j = len(ids) - 1 - ids[::-1].index(think_end) + 1
+        starts.append(j)
+        while j < len(ids) and blank(j) and j - starts[1] < 3:
+            j += 1
+            starts.append(j)
+    ends = [len(ids)]
+    if call_start is not None and call_start in ids:
+        ends.append(ids.index(call_start))
+    for end in list(ends):
+        while end > 0 and blank(end - 1):
+            end -= 1
+        ends.append(end)
+    out, seen = [], set()
+    for s in starts:
+        for e in ends:
+            if e - s >= 2 and (s, e) not in seen:
+                seen.add((s, e))
+                out.append(Span(tokenizer.decode(ids[s:e]), tuple(ids[s:e])))
+    return sorted(out, key=lambda sp: -len(sp.ids))
+
+
+def _token_id(tokenizer, text: str) -> int | None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+class ReplyIds:
+    """Replies this model generated, by reply_key, with the spans to splice; the `capacity` most
+    recent are kept (in a SQLite file when one is given: the bank's SSD directory)."""
+
+    def __init__(self, capacity: int = 4096):
+        self.capacity, self.lock = capacity, threading.Lock()
+        # MTPLX_REPLY_IDS=off re-encodes sent-back replies (what mtplx did before; bench/resend.py compares)
+        self.enabled = os.environ.get("MTPLX_REPLY_IDS", "on").lower() not in ("off", "0", "false")
+        self.records: OrderedDict[str, tuple[Span, ...]] = OrderedDict()
+        self.db: sqlite3.Connection | None = None
+
+    @classmethod
+    def of(cls, tokenizer) -> "ReplyIds":
+        """The store of the model this tokenizer belongs to: every rendering of its conversations
+        (server routes, the bank's render-ahead, the TUI, replay) splices the same way."""
+        key = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's wrapper and the HF tokenizer alike
+        store = _STORES.get(key)
+        if store is None:
+            store = _STORES[key] = cls()
+        return store
+
+    def persist(self, path: Path) -> None:
+        """Keep the records in `path` too, loading what an earlier process left; a file that cannot
+        be used costs persistence, never a request."""
+        try:
+            db = sqlite3.connect(str(path), check_same_thread=False)
+            db.execute("create table if not exists replies (key text primary key, spans text, used integer)")
+            rows = db.execute("select key, spans from replies order by used desc limit ?", (self.capacity,)).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("reply ids file %s unusable (%s); sent-back replies render as generated until restart", path, exc)
+            return
+        with self.lock:
+            for key, blob in reversed(rows):
+                try:
+                    self.records[key] = tuple(Span(t, tuple(i)) for t, i in json.loads(blob))
+                except (ValueError, TypeError):
+                    continue  # a damaged row: that reply renders as text, as before
+            self.db = db
+
+    def record(self, tokenizer, reply: dict, ids) -> None:
+        """A reply the model generated (`ids` without the stop token) and its split message."""
+        ids = [int(i) for i in ids]
+        if len(ids) < 2 or not reply:
+            return
+        key, spans = reply_key(reply), tuple(spans_of(tokenizer, ids))
+        with self.lock:
+            self.records[key] = spans
+            self.records.move_to_end(key)
+            while len(self.records) > self.capacity:
+                old, _ = self.records.popitem(last=False)
+                self._write("delete from replies where key = ?", (old,))
+            self._write("insert or replace into replies values (?, ?, (select coalesce(max(used), 0) + 1 from replies))",
+                        (key, json.dumps([[s.text, list(s.ids)] for s in spans], ensure_ascii=False)))
+
+    def _write(self, sql: str, args: tuple) -> None:
+        if self.db is None:
+            return
+        try:
+            with self.db:
+                self.db.execute(sql, args)
+        except sqlite3.Error as exc:  # a full or failing disk: keep serving from memory
+            log.warning("reply ids not persisted (%s)", exc)
+
+    def splices(self, messages: list[dict], text: str) -> list[tuple[int, Span]]:
+        """Where in the rendered `text` each sent-back reply's generated span sits: (offset, span),
+        in order. Each message's content is looked for after the previous one's, so a reply's text
+        quoted in an earlier message is never taken for the reply."""
+        out, cursor = [], 0
+        with self.lock:
+            for m in messages:
+                spans = self.records.get(reply_key(m)) if m.get("role") == "assistant" else None
+                if spans:
+                    at, span = next(((text.find(s.text, cursor), s) for s in spans if text.find(s.text, cursor) >= 0),
+                                    (-1, None))
+                    if span is not None:
+                        out.append((at, span))
+                        cursor = at + len(span.text)
+                        continue
+                content = m.get("content")
+                if isinstance(content, str) and content and (at := text.find(content, cursor)) >= 0:
+                    cursor = at + len(content)
+        return out
+
+    def has_any(self, messages: list[dict]) -> bool:
+        with self.lock:
+            return self.enabled and bool(self.records) and any(m.get("role") == "assistant" and reply_key(m) in self.records
+                                              for m in messages)
+
+
+def encode_spliced(tokenizer, text: str, splices: list[tuple[int, Span]]) -> list[int]:
+    """`text` encoded with each spliced span's generated ids in place of its own encoding."""
+    out, cursor = [], 0
+    for at, span in splices:
+        out += tokenizer.encode(text[cursor:at], add_special_tokens=False)
+        out += list(span.ids)
+        cursor = at + len(span.text)
+    return out + tokenizer.encode(text[cursor:], add_special_tokens=False)
