@@ -37,7 +37,7 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
         # A reply this model generated comes back as text: its span keeps the generated ids (reply_ids.py)
         text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
                                              tokenize=False, **kwargs)
-        splices = replies.splices(messages, text)
+        splices = replies.splices(messages, text, getattr(tokenizer, "eos_token", None))
         if splices:
             return encode_spliced(tokenizer, text, splices)
     ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,

@@ -42,8 +42,9 @@ class Span:
 
 
 def reply_key(message: dict) -> str:
-    """What identifies a reply as sent back: its content (trimmed) and its calls (name, parsed
-    arguments): the fields bank/spans.same_reply compares, so every route finds the same record."""
+    """What identifies a reply as sent back: its content and reasoning (trimmed) and its calls
+    (name, parsed arguments), as every route folds them back. A client that drops the reasoning
+    finds no record: that reply renders as text, as before."""
     calls = []
     for call in message.get("tool_calls") or []:
         fn = call.get("function", call) if isinstance(call, dict) else {}
@@ -53,9 +54,9 @@ def reply_key(message: dict) -> str:
         except ValueError:
             pass
         calls.append([fn.get("name"), args])
-    content = message.get("content")
-    blob = json.dumps([content.strip() if isinstance(content, str) else "", calls], sort_keys=True, ensure_ascii=False,
-                      default=str)
+    text = lambda v: v.strip() if isinstance(v, str) else ""
+    blob = json.dumps([text(message.get("content")), text(message.get("reasoning_content")), calls], sort_keys=True,
+                      ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -94,15 +95,42 @@ def _token_id(tokenizer, text: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One generation of a reply: its spans, and the text its prompt ended with (`tail`), which
+    tells apart two generations of the same text in different ids (an agent repeating a call)."""
+
+    spans: tuple[Span, ...]
+    tail: str
+
+    def as_json(self) -> list:
+        return [[[sp.text, list(sp.ids)] for sp in self.spans], self.tail]
+
+    @classmethod
+    def from_json(cls, data) -> "Variant":
+        spans, tail = data
+        return cls(tuple(Span(str(t), tuple(int(i) for i in ids)) for t, ids in spans), str(tail))
+
+
+def _shared_suffix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
 class ReplyIds:
-    """Replies this model generated, by reply_key, with the spans to splice; the `capacity` most
-    recent are kept (in a SQLite file when one is given: the bank's SSD directory)."""
+    """Replies this model generated, by reply_key, each with its variants (the most recent
+    last); the `capacity` most recent keys are kept (in a SQLite file when one is given)."""
+
+    VARIANTS = 8  # generations of one key kept: an agent repeating the same call
+    TAIL = 64  # prompt tokens kept, as text, to tell variants apart
 
     def __init__(self, capacity: int = 4096):
         self.capacity, self.lock = capacity, threading.Lock()
         # MTPLX_REPLY_IDS=off re-encodes sent-back replies (what mtplx did before; bench/resend.py compares)
         self.enabled = os.environ.get("MTPLX_REPLY_IDS", "on").lower() not in ("off", "0", "false")
-        self.records: OrderedDict[str, tuple[Span, ...]] = OrderedDict()
+        self.records: OrderedDict[str, tuple[Variant, ...]] = OrderedDict()
         self.db: sqlite3.Connection | None = None
 
     @classmethod
@@ -120,33 +148,36 @@ class ReplyIds:
         be used costs persistence, never a request."""
         try:
             db = sqlite3.connect(str(path), check_same_thread=False)
-            db.execute("create table if not exists replies (key text primary key, spans text, used integer)")
-            rows = db.execute("select key, spans from replies order by used desc limit ?", (self.capacity,)).fetchall()
+            db.execute("create table if not exists replies (key text primary key, variants text, used integer)")
+            rows = db.execute("select key, variants from replies order by used desc limit ?", (self.capacity,)).fetchall()
         except sqlite3.Error as exc:
             log.warning("reply ids file %s unusable (%s); sent-back replies render as generated until restart", path, exc)
             return
         with self.lock:
             for key, blob in reversed(rows):
                 try:
-                    self.records[key] = tuple(Span(t, tuple(i)) for t, i in json.loads(blob))
+                    self.records[key] = tuple(Variant.from_json(v) for v in json.loads(blob))
                 except (ValueError, TypeError):
                     continue  # a damaged row: that reply renders as text, as before
             self.db = db
 
-    def record(self, tokenizer, reply: dict, ids) -> None:
-        """A reply the model generated (`ids` without the stop token) and its split message."""
+    def record(self, tokenizer, reply: dict, ids, prompt=()) -> None:
+        """A reply the model generated (`ids` without the stop token), its split message and the
+        prompt it continued."""
         ids = [int(i) for i in ids]
         if len(ids) < 2 or not reply:
             return
-        key, spans = reply_key(reply), tuple(spans_of(tokenizer, ids))
+        key = reply_key(reply)
+        variant = Variant(tuple(spans_of(tokenizer, ids)), tokenizer.decode(list(prompt)[-self.TAIL:]))
         with self.lock:
-            self.records[key] = spans
+            kept = tuple(v for v in self.records.get(key, ()) if v.spans[:1] != variant.spans[:1])
+            self.records[key] = (kept + (variant,))[-self.VARIANTS:]
             self.records.move_to_end(key)
             while len(self.records) > self.capacity:
                 old, _ = self.records.popitem(last=False)
                 self._write("delete from replies where key = ?", (old,))
             self._write("insert or replace into replies values (?, ?, (select coalesce(max(used), 0) + 1 from replies))",
-                        (key, json.dumps([[s.text, list(s.ids)] for s in spans], ensure_ascii=False)))
+                        (key, json.dumps([v.as_json() for v in self.records[key]], ensure_ascii=False)))
 
     def _write(self, sql: str, args: tuple) -> None:
         if self.db is None:
@@ -157,21 +188,30 @@ class ReplyIds:
         except sqlite3.Error as exc:  # a full or failing disk: keep serving from memory
             log.warning("reply ids not persisted (%s)", exc)
 
-    def splices(self, messages: list[dict], text: str) -> list[tuple[int, Span]]:
+    def splices(self, messages: list[dict], text: str, turn_end: str | None = None) -> list[tuple[int, Span]]:
         """Where in the rendered `text` each sent-back reply's generated span sits: (offset, span),
         in order. Each message's content is looked for after the previous one's, so a reply's text
-        quoted in an earlier message is never taken for the reply."""
+        quoted in an earlier message is never taken for the reply; with `turn_end` (the text that
+        closes a turn: the model's stop token) a span must also start in the turn after that
+        point, so a later turn repeating the reply is not taken for it either. Of a reply's
+        variants, the longest span found wins, then the one whose prompt ended as the text before
+        it does, then the most recent."""
         out, cursor = [], 0
+        within = lambda at: not turn_end or text.count(turn_end, cursor, at) <= 1
         with self.lock:
             for m in messages:
-                spans = self.records.get(reply_key(m)) if m.get("role") == "assistant" else None
-                if spans:
-                    at, span = next(((text.find(s.text, cursor), s) for s in spans if text.find(s.text, cursor) >= 0),
-                                    (-1, None))
-                    if span is not None:
-                        out.append((at, span))
-                        cursor = at + len(span.text)
-                        continue
+                variants = self.records.get(reply_key(m)) if m.get("role") == "assistant" else None
+                found = []
+                for rank, variant in enumerate(variants or ()):
+                    for sp in variant.spans:  # longest first
+                        if (at := text.find(sp.text, cursor)) >= 0 and within(at):
+                            found.append((len(sp.text), _shared_suffix(text[:at], variant.tail), rank, at, sp))
+                            break
+                if found:
+                    *_, at, span = max(found, key=lambda f: f[:3])
+                    out.append((at, span))
+                    cursor = at + len(span.text)
+                    continue
                 content = m.get("content")
                 if isinstance(content, str) and content and (at := text.find(content, cursor)) >= 0:
                     cursor = at + len(content)
@@ -179,8 +219,8 @@ class ReplyIds:
 
     def has_any(self, messages: list[dict]) -> bool:
         with self.lock:
-            return self.enabled and bool(self.records) and any(m.get("role") == "assistant" and reply_key(m) in self.records
-                                              for m in messages)
+            return self.enabled and bool(self.records) and any(
+                m.get("role") == "assistant" and reply_key(m) in self.records for m in messages)
 
 
 def encode_spliced(tokenizer, text: str, splices: list[tuple[int, Span]]) -> list[int]:

@@ -140,3 +140,25 @@ def test_a_long_sampled_reply_sent_back_at_once_restores_whole_and_matches_cold(
     finally:
         warm.stop()
         cold.stop()
+
+
+def test_a_reply_repeated_later_in_other_ids_leaves_the_earlier_rendering_alone(tok):
+    """An agent repeating itself: the same reply (content, reasoning, call) generated twice in
+    different ids. The earlier turn keeps rendering as it did, stripped of its reasoning, and the
+    later one renders as its own ids: the history the bank holds stays a prefix of each prompt."""
+    think = tok.encode("<think>\nCheck it.\n</think>\n\n", add_special_tokens=False)
+    first_ids = think + _non_canonical(tok, "Looking.", "Now.")
+    text = tok.decode(first_ids[len(think):])
+    again_ids = think + tok.encode(text, add_special_tokens=False)
+    assert again_ids != first_ids
+    reply = {"role": "assistant", "content": text, "reasoning_content": "Check it."}
+    u1, u2 = {"role": "user", "content": "Look at a.py."}, {"role": "user", "content": "And again?"}
+    tool = {"role": "tool", "tool_call_id": "c", "content": "x = 1"}
+    replies = ReplyIds.of(tok)
+    replies.record(tok, reply, first_ids, render(tok, [u1]))
+    before = render(tok, [u1, reply, tool, u2])  # the first reply, stripped: its content as generated
+    replies.record(tok, reply, again_ids, before)
+    assert render(tok, [u1, reply, tool, u2]) == before
+    later = render(tok, [u1, reply, tool, u2, reply, tool])
+    assert later[: len(before)] == before
+    assert later[len(before): len(before) + len(again_ids)] == again_ids

@@ -444,7 +444,8 @@ class Engine:
                 # Before the client can send the reply back (it may at once) and before the bank
                 # renders the next turn's variants: both splice these ids (reply_ids.py).
                 try:
-                    ReplyIds.of(self.checkpoint.tokenizer).record(self.checkpoint.tokenizer, finished.reply, finished.token_ids)
+                    ReplyIds.of(self.checkpoint.tokenizer).record(self.checkpoint.tokenizer, finished.reply, finished.token_ids,
+                                                                     request.prompt)
                 except Exception:  # the turn was served; a reply not recorded only renders as text
                     log.exception("recording the reply ids of %s failed", request.request_id)
             if tail:
