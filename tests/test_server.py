@@ -179,9 +179,11 @@ def test_dropped_stream_cancels_generation(server):
     engine.listeners.append(lambda e: finished.append(e) if type(e).__name__ == "Finished" else None)
     with httpx.stream("POST", url + "/v1/chat/completions",
                       json={"messages": ask(), "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r:
-        for line in r.iter_lines():
-            if '"content"' in line and '""' not in line:
-                break
+        for line in r.iter_lines():  # leave at the first text, reasoning or not (the model decides which)
+            if line.startswith("data: {"):
+                delta = (json.loads(line[6:]).get("choices") or [{}])[0].get("delta") or {}
+                if delta.get("content") or delta.get("reasoning_content"):
+                    break
     deadline = time.time() + 20
     while not finished and time.time() < deadline:
         time.sleep(0.05)
