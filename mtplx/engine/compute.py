@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -42,6 +43,10 @@ def prepare(model, mtp=None) -> ComputePath:
             mx.eval(module.parameters())
         floats = _floats(model)
     dtype = {mx.float32: "fp32", mx.bfloat16: "bf16", mx.float16: "fp16"}.get(floats[0].dtype if floats else None, "mixed")
+    if on_cpu and dtype == "fp32" and os.environ.get("MTPLX_CPU_ATTENTION", "on").lower() not in ("off", "0", "false"):
+        from mtplx.engine import cpu_attention
+
+        cpu_attention.install()  # MLX's CPU attention is exp-bound at agent context lengths (cpu_attention.py)
     return ComputePath(fast_path.label(on_cpu, dtype, fast_path.activate()), cast)
 
 
