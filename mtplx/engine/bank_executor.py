@@ -30,20 +30,20 @@ log = logging.getLogger("mtplx.bank")
 # Chunking leaves a prefill's values bit-identical on MLX's reference CPU path and changes them only
 # in fp32 rounding on MKL (whose rows round by the call's row count), as any restore point does.
 IDLE_CHUNK = 64
-# A chunk's attention grows with the context it reads, and on MLX's CPU backend its softmax is
-# exp-bound (~50 M exp/s here): a 64-token chunk took ~50 ms at 1k tokens of context and ~130 ms at
-# 3k. So a longer rendering runs smaller chunks, keeping the wait of a request that arrives about
-# the same; the floor bounds the fixed cost per forward (~4-8 ms on the tiny models).
+# A chunk's attention grows with the context it reads (a 16-token chunk of tiny-dense took 17 ms at
+# 2k tokens of context and 42 ms at 8k with engine/cpu_attention.py; 26 and 70 ms with MLX's own
+# attention, which is why the halving once began at 1k). So a longer rendering runs smaller chunks,
+# keeping the wait of a request that arrives about the same; the floor bounds the fixed cost per
+# forward (~10 ms on the tiny models).
 IDLE_CHUNK_MIN = 16
 
 
 def idle_chunk(length: int, largest: int = IDLE_CHUNK) -> int:
-    """The render-ahead chunk for a rendering of `length` tokens: `largest` up to 1k tokens, halved
-    per doubling beyond (a power of two, so cold and restored prefills share boundaries)."""
-    chunk = largest
-    while chunk > IDLE_CHUNK_MIN and length > 1024 * largest // chunk:
-        chunk //= 2
-    return chunk
+    """The render-ahead chunk for a rendering of `length` tokens: `largest` up to 1k tokens, half
+    of it up to 4k, a quarter beyond (powers of two, so cold and restored prefills share
+    boundaries), never below IDLE_CHUNK_MIN."""
+    chunk = largest if length <= 1024 else largest // 2 if length <= 4096 else largest // 4
+    return max(min(chunk, largest), min(IDLE_CHUNK_MIN, largest))
 
 
 def restore(entry: Entry, position: int) -> TurnState:
