@@ -60,3 +60,16 @@ def test_a_timed_round_replaces_the_sum_of_its_parts():
     assert costs.round_s(1) == pytest.approx(1.1) and costs.round_s(3) == pytest.approx(1.75)
     assert costs.chained_draft(2) == pytest.approx(0.1) and costs.chained_draft(3) is None
     assert median_of([costs, StepCosts(LINEAR, draft=0.5, rounds={1: 2.0, 2: 3.0})]).rounds[2] == pytest.approx(2.1)
+
+
+def test_the_tuner_keeps_the_modelled_depth_unless_a_measured_arm_is_clearly_faster():
+    from mtplx.tuning import choose_depth
+
+    speeds = {"ar": 158.0, "depth 1": 243.5, "depth 2": 183.7, "depth 3": 173.7, "depth 4": 139.0}
+    assert choose_depth(3, speeds) == 1  # the hybrid run: all depths predicted alike, depth 1 measured best
+    assert choose_depth(1, speeds) == 1
+    close = {"ar": 200.0, "depth 1": 280.0, "depth 2": 290.0, "depth 3": 285.0, "depth 4": 270.0}
+    assert choose_depth(3, close) == 3  # within noise of the best: the cost model stands
+    assert choose_depth(None, {"ar": 200.0, "depth 1": 205.0}) is None
+    assert choose_depth(None, {"ar": 200.0, "depth 1": 260.0}) == 1
+    assert choose_depth(2, {"ar": 300.0, "depth 1": 200.0, "depth 2": 250.0}) is None  # AR measured clearly faster
