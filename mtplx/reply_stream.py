@@ -40,7 +40,11 @@ class ReplyStream:
         self.mode = "reasoning" if in_reasoning else "content"
         self.buffer = ""
         self.call = ""
-        self.fresh = True  # at the start of a segment: leading whitespace is markup, not text
+        # At the start of a segment after a tag, leading whitespace is markup, not text. A reply
+        # that opens with content keeps its leading whitespace: it is what the model wrote, and a
+        # client sending it back then renders the reply exactly as generated (reply_ids.py), where
+        # a dropped leading newline made the whole reply differ from the model's own tokens.
+        self.fresh = in_reasoning
         self.held_ws = ""  # trailing whitespace, released only if more text follows in this segment
 
     def feed(self, text: str, final: bool = False) -> list[Piece]:

@@ -162,3 +162,18 @@ def test_a_reply_repeated_later_in_other_ids_leaves_the_earlier_rendering_alone(
     later = render(tok, [u1, reply, tool, u2, reply, tool])
     assert later[: len(before)] == before
     assert later[len(before): len(before) + len(again_ids)] == again_ids
+
+
+def test_a_reply_opening_with_a_newline_keeps_it_so_it_comes_back_as_generated(tok):
+    """A tiny model often opens a plain reply with a newline; dropping it from the message made the
+    whole sent-back reply differ from the model's tokens (a Codex run restored 9264 of 9390)."""
+    from mtplx.reply_stream import ReplyStream, message
+
+    assert message(ReplyStream().feed("\n# Title\nBody.\n", final=True))["content"] == "\n# Title\nBody."
+    assert message(ReplyStream().feed("<think>\nR\n</think>\n\nAnswer.", final=True))["content"] == "Answer."
+    ids = tok.encode("\n# Title\nBody.", add_special_tokens=False)
+    reply = message(ReplyStream().feed(tok.decode(ids), final=True))
+    ReplyIds.of(tok).record(tok, reply, ids)
+    ask = [{"role": "user", "content": "Go."}]
+    prompt = render(tok, ask)
+    assert render(tok, ask + [reply, {"role": "user", "content": "ok"}])[: len(prompt) + len(ids)] == prompt + ids
