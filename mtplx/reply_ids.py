@@ -41,10 +41,9 @@ class Span:
     ids: tuple[int, ...]
 
 
-def reply_key(message: dict) -> str:
-    """What identifies a reply as sent back: its content and reasoning (trimmed) and its calls
-    (name, parsed arguments), as every route folds them back. A client that drops the reasoning
-    finds no record: that reply renders as text, as before."""
+def reply_calls(message: dict) -> list[tuple]:
+    """A message's tool calls as (name, parsed arguments): how a call compares whichever route
+    folded it back and however the client serialised its arguments."""
     calls = []
     for call in message.get("tool_calls") or []:
         fn = call.get("function", call) if isinstance(call, dict) else {}
@@ -53,10 +52,17 @@ def reply_key(message: dict) -> str:
             args = json.loads(args) if isinstance(args, str) else args
         except ValueError:
             pass
-        calls.append([fn.get("name"), args])
+        calls.append((fn.get("name"), args))
+    return calls
+
+
+def reply_key(message: dict) -> str:
+    """What identifies a reply as sent back: its content and reasoning (trimmed) and its calls,
+    as every route folds them back. A client that drops the reasoning finds no record: that reply
+    renders as text, as before."""
     text = lambda v: v.strip() if isinstance(v, str) else ""
-    blob = json.dumps([text(message.get("content")), text(message.get("reasoning_content")), calls], sort_keys=True,
-                      ensure_ascii=False, default=str)
+    blob = json.dumps([text(message.get("content")), text(message.get("reasoning_content")), reply_calls(message)],
+                      sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mtplx.bank.anchors import Markers, as_tokens, turn_starts
 from mtplx.bank.plan import MessageSpan
+from mtplx.reply_ids import reply_calls
 
 
 def message_spans(prompt, messages: list[dict], markers: Markers) -> list[MessageSpan]:
@@ -55,19 +56,5 @@ def reuse_ratio(achieved: int | None, ceiling: int | None) -> float | None:
 
 def same_reply(sent: dict, generated: dict) -> bool:
     """Whether the assistant message a client sent back is the reply the model generated."""
-    import json
-
-    def calls(m):
-        out = []
-        for c in m.get("tool_calls") or []:
-            fn = c.get("function", {})
-            args = fn.get("arguments")
-            try:
-                args = json.loads(args) if isinstance(args, str) else args
-            except json.JSONDecodeError:
-                pass
-            out.append((fn.get("name"), args))
-        return out
-
     return (sent.get("role") == "assistant" and (sent.get("content") or "").strip() == (generated.get("content") or "").strip()
-            and calls(sent) == calls(generated))
+            and reply_calls(sent) == reply_calls(generated))
