@@ -29,6 +29,28 @@ def test_event_order(dense_engine):
     assert progress[-1].done == progress[-1].total == len(_prompt(dense_engine))
 
 
+def test_queued_comes_first_even_when_a_listener_is_slow(dense_engine):
+    """Queued is published before the engine thread can pick the request up: a slow listener on it
+    once let the engine's Restored event overtake it, and the receipt writer dropped the restore."""
+    import time
+
+    seen = []
+
+    def listener(event):
+        if isinstance(event, Queued):
+            time.sleep(0.3)  # the engine thread would admit and restore meanwhile
+        seen.append(event)
+
+    dense_engine.listeners.append(listener)
+    try:
+        request = GenerationRequest(_prompt(dense_engine), SamplingParams(max_tokens=3))
+        events = list(dense_engine.submit(request))
+    finally:
+        dense_engine.listeners.remove(listener)
+    assert [type(e) for e in events][:2] == [Queued, Restored]
+    assert [type(e) for e in seen if e.request_id == request.request_id][:2] == [Queued, Restored]
+
+
 def test_max_tokens_gives_length(engine):
     fin = engine.submit(GenerationRequest(_prompt(engine), SamplingParams(max_tokens=5))).result()
     assert fin.finish_reason == "length" and fin.completion_tokens == 5

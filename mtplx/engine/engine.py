@@ -195,11 +195,13 @@ class Engine:
             raise RequestError(f"prompt has {len(request.prompt)} tokens; the context window is {limit}")
         sub = Submission(request)
         with self._lock:
-            session = request.session or request.request_id
-            self._queues.setdefault(session, deque()).append(sub)
-            ahead = sum(len(q) for q in self._queues.values()) - 1 + len(self._active)
-            self._lock.notify_all()
+            ahead = sum(len(q) for q in self._queues.values()) + len(self._active)
+        # Queued goes out before the engine thread can see the request: published after, it raced
+        # the engine's own Restored event, and a listener (the receipt writer) dropped that event.
         self._publish(sub, Queued(request.request_id, ahead, request))
+        with self._lock:
+            self._queues.setdefault(request.session or request.request_id, deque()).append(sub)
+            self._lock.notify_all()
         return sub
 
     def call(self, fn: Callable, timeout: float | None = None):
