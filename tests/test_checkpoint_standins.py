@@ -458,3 +458,28 @@ def test_gemma3_real_template_refuses_tool_turns_with_a_clean_400(tmp_path):
         assert engine.checkpoint.tokenizer.convert_tokens_to_ids("<end_of_turn>") in engine.eos_ids
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("kind", ["tiny-dense", "tiny-hybrid", "qwen3_5_moe", "qwen3_next", "deepseek_v3"])
+def test_head_cache_over_a_prompt_is_keys_only_and_exact(tmp_path, kind):
+    """Over prompt pairs the head runs only as far as its keys and values (MTPHead.extend); the
+    cache it leaves equals a full forward's bit for bit, so every later draft is the same. MLA
+    (DeepSeek) caches its latent and rope key instead, through the same call."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from mtplx.engine.checkpoint import load_checkpoint
+
+    path = resolve(kind) if kind.startswith("tiny-") else standins.build(kind, tmp_path / kind, TINY_TOKENIZER, seed=2)
+    ck = load_checkpoint(path)
+    mx.random.seed(3)
+    hidden = mx.random.normal((1, 40, ck.mtp.fc.weight.shape[0]))
+    embeds = mx.random.normal((1, 40, ck.mtp.fc.weight.shape[0]))
+    full, keys_only = KVCache(), KVCache()
+    for a, b in ((0, 24), (24, 40)):  # two chunks: the second attends to the first's keys
+        ck.mtp(hidden[:, a:b], embeds[:, a:b], full)
+        ck.mtp.extend(hidden[:, a:b], embeds[:, a:b], keys_only)
+    assert full.offset == keys_only.offset == 40
+    for x, y in ((full.keys, keys_only.keys), (full.values, keys_only.values)):
+        x, y = x[..., :40, :], y[..., :40, :]
+        assert x.shape == y.shape and mx.array_equal(x, y).item()

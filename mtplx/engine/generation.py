@@ -132,7 +132,7 @@ class Generation:
             if state.mtp_pending is not None:
                 pairs, first, state.mtp_pending = mx.concatenate([state.mtp_pending, pairs], axis=1), begin, None
             if pairs.shape[1]:
-                self.runner.draft_hidden(pairs, prompt[first : first + pairs.shape[1]], state.mtp)
+                self.runner.extend_head(pairs, prompt[first : first + pairs.shape[1]], state.mtp)
         # Only the caches must exist now. The trunk's output over the chunk feeds the MTP head's
         # KV, which stays lazy until the first draft (after the first token is out); of the last
         # chunk, the final position samples that token. Not forcing the rest skips the last

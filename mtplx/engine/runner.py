@@ -90,6 +90,11 @@ class ModelRunner:
             return self._head_steps(hidden, embeds, mtp_cache)
         return self.mtp(hidden, embeds, mtp_cache)
 
+    def extend_head(self, hidden: mx.array, next_tokens: list[int] | mx.array, mtp_cache: KVCache) -> None:
+        """The MTP head's cache over (hidden[t], token[t+1]) pairs whose outputs nobody reads (a
+        prompt's): keys and values only, as a full `draft_hidden` would leave them."""
+        self.mtp.extend(hidden, self.embed(next_tokens), mtp_cache)
+
     def step_logits(self, tokens: list[int], cache: list) -> tuple[mx.array, mx.array]:
         """An autoregressive step: the last position's logits after feeding `tokens`, evaluated,
         and the hidden states (lazy past the last position's)."""

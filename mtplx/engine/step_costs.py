@@ -89,7 +89,7 @@ def measure(runner, prompt: list[int], reps: int = 15) -> StepCosts:
     hidden = runner.hidden(prompt, cache)
     head = runner.new_mtp_cache()
     if head is not None:
-        runner.draft_hidden(hidden[:, :-2], prompt[1:-1], head)
+        runner.extend_head(hidden[:, :-2], prompt[1:-1], head)
     mx.eval(hidden, [c.state for c in cache], head.state if head is not None else [])
     times: dict = {t: [] for t in range(1, MAX_DEPTH + 2)} | {"draft": []} | {("round", k): [] for k in range(1, MAX_DEPTH + 1)}
     with runner.small_forwards():
