@@ -87,14 +87,16 @@ def test_blocked_prefill_recurrence_equals_mlx_lm_forward(hybrid_engine):
 
     from mtplx.engine import gdn_capture
 
+    runner = hybrid_engine.runner
+    layers = [layer.linear_attn for layer in runner.inner.layers if hasattr(layer, "linear_attn")]
+    assert layers and all(isinstance(n, gdn_capture.CapturingGatedDeltaNet) for n in layers)
+    chunked = layers[0].chunked
+
     def work():
-        runner = hybrid_engine.runner
-        layers = [layer.linear_attn for layer in runner.inner.layers if hasattr(layer, "linear_attn")]
-        assert layers and all(isinstance(n, gdn_capture.CapturingGatedDeltaNet) for n in layers)
         out = []
         for cls in (GatedDeltaNet, gdn_capture.CapturingGatedDeltaNet):  # mlx-lm's class, then ours
             for n in layers:
-                n.__class__ = cls
+                n.__class__, n.chunked = cls, False  # the blocked path (test_gdn_prefill: the chunked one)
             cache = runner.new_trunk_cache()
             hidden = [runner.hidden(list(range(10 + s, 10 + s + length)), cache)
                       for s, length in ((0, 256), (256, 37), (293, 16))]
@@ -103,4 +105,7 @@ def test_blocked_prefill_recurrence_equals_mlx_lm_forward(hybrid_engine):
         (ha, ca), (hb, cb) = out
         assert all(_same(a, b) for a, b in zip(ha, hb)) and all(_same(a, b) for a, b in zip(ca, cb))
 
-    hybrid_engine.call(work)
+    try:
+        hybrid_engine.call(work)
+    finally:
+        gdn_capture.install(hybrid_engine.runner.model, chunked)

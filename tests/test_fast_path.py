@@ -73,7 +73,8 @@ def test_mlx_imported_first_keeps_the_reference_blas_and_says_why():
 
 BITWISE = ["tests/test_mtp_exactness.py::test_rollback_equals_feeding_only_kept_tokens",
            "tests/test_bank_restore.py::test_restored_prefill_logits_are_bit_identical",
-           "tests/test_compiled_steps.py::test_compiled_steps_equal_mlx_lm_forward"]
+           "tests/test_compiled_steps.py::test_compiled_steps_equal_mlx_lm_forward",
+           "tests/test_gdn_prefill.py::test_checkpoints_inside_one_forward_equal_forwards_that_end_there[False]"]
 
 
 @pytest.mark.skipif(fast_path.rows_bitwise(fast_path.activate()), reason="this process already runs them bitwise")

@@ -84,9 +84,9 @@ class BankedTurn:
     def checkpoints(self) -> tuple[int, ...]:
         return self.plan.restore.captures
 
-    def capture(self, position: int, state: TurnState) -> None:
+    def capture(self, position: int, recurrent: list) -> None:
         """The prefill's checkpoint hook."""
-        self.captures[position] = snapshot.recurrent_arrays(state.trunk)
+        self.captures[position] = recurrent
 
 
 @dataclass

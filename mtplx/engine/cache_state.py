@@ -19,6 +19,24 @@ def set_capture(cache: list, on: bool) -> None:
                 layer.positions = None
 
 
+def set_stops(cache: list, stops: list[int]) -> None:
+    """Positions inside the next forward (0 < p < its length) where each recurrent layer keeps
+    its state (gdn_capture.CapturingGatedDeltaNet)."""
+    for layer in cache:
+        if isinstance(layer, ArraysCache):
+            layer.stops, layer.stopped = tuple(stops), {}
+
+
+def take_stopped(cache: list, stops: list[int]) -> dict[int, list]:
+    """{stop: the recurrent arrays there, a layer's (conv tail, state) or None for attention
+    layers} after a forward run with `set_stops`; clears the stops."""
+    out = {p: [layer.stopped[p] if isinstance(layer, ArraysCache) else None for layer in cache] for p in stops}
+    for layer in cache:
+        if isinstance(layer, ArraysCache):
+            layer.stops, layer.stopped = (), {}
+    return out
+
+
 def keep_verified(cache: list, fed: int, kept: int) -> None:
     """After a capturing verify that fed `fed` tokens, keep only the first `kept` of them."""
     drop = fed - kept

@@ -168,7 +168,7 @@ class StepForward:
     def usable(self, tokens: mx.array, cache: list) -> bool:
         # Several rows only as a scheduler batch (batch_cache.RaggedKVCache: per-row offsets and mask).
         return (tokens.shape[1] <= STEP_TOKENS and _rows_fit(tokens.shape[0], cache)
-                and all(c.lengths is None for c in cache if type(c) is ArraysCache))
+                and all(c.lengths is None and not getattr(c, "stops", ()) for c in cache if type(c) is ArraysCache))
 
     def __call__(self, tokens: mx.array, cache: list) -> mx.array:
         x = self.inner.embed_tokens(tokens)

@@ -18,6 +18,8 @@ import mlx.nn as nn
 from mlx_lm.models import gated_delta
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
+from mtplx.engine import gdn_prefill
+
 
 # A prefill chunk's recurrence runs in compiled blocks of this many positions. mlx-lm's CPU path
 # (`gated_delta_ops`) dispatches ~8 ops per position per layer, so a 256-token chunk was thousands
@@ -40,12 +42,17 @@ _block = mx.compile(_recurrence)
 
 class CapturingGatedDeltaNet(GatedDeltaNet):
     """Same weights and outputs; when `cache.capture` is set it also fills `cache.positions`
-    with (conv_tail, recurrent_state) after each input position. A longer input without capture
-    (a prefill chunk) runs its recurrence in compiled blocks."""
+    with (conv_tail, recurrent_state) after each input position, and with `cache.stops` (input
+    positions) it fills `cache.stopped` {stop: (conv_tail, state)} there. A longer input without capture
+    (a prefill chunk) runs its recurrence in matrix form where `chunked` is set (gdn_prefill.py),
+    else in compiled blocks of the step function."""
+
+    chunked = False
 
     def __call__(self, inputs: mx.array, mask=None, cache=None) -> mx.array:
         capture = cache is not None and getattr(cache, "capture", False)
-        blocked = not capture and inputs.shape[1] >= BLOCK
+        stops = getattr(cache, "stops", ()) if cache is not None else ()
+        blocked = not capture and (inputs.shape[1] >= BLOCK or bool(stops))
         if cache is None or mask is not None or cache.lengths is not None or not (capture or blocked):
             return super().__call__(inputs, mask, cache)
         B, S, _ = inputs.shape
@@ -64,7 +71,8 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         ]
         q, k = gated_delta.normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
         beta = mx.sigmoid(self.in_proj_b(inputs))
-        g = gated_delta.compute_g(self.A_log, self.in_proj_a(inputs), self.dt_bias)
+        a = self.in_proj_a(inputs)
+        g = gated_delta.compute_g(self.A_log, a, self.dt_bias)  # lazy: the chunked path reads log g instead
         state = cache[1] if cache[1] is not None else mx.zeros((B, self.num_v_heads, self.head_v_dim, self.head_k_dim), dtype=mx.float32)
         if (repeat := self.num_v_heads // self.num_k_heads) > 1:
             q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
@@ -76,11 +84,25 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
                 positions.append((conv_input[:, t + 1 : t + 1 + keep, :], state))
             cache.positions = positions
         else:
-            for s in range(0, S, BLOCK):
-                run = _block if s + BLOCK <= S else _recurrence  # a short tail: not worth a compile per length
-                y, state = run(q[:, s:s + BLOCK], k[:, s:s + BLOCK], v[:, s:s + BLOCK], g[:, s:s + BLOCK],
-                               beta[:, s:s + BLOCK], state)
-                ys.append(y)
+            # The input runs in segments that end at the stops (the bank's checkpoints inside this
+            # forward); the state at each is kept, as a forward that ended there would leave it.
+            log_g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a + self.dt_bias)  # log of compute_g's g
+            cache.stopped, begin = {}, 0
+            for end in (*stops, S):
+                # up to a block, the step function: what compiled.py's steps run, bit for bit
+                chunked = self.chunked and end - begin > BLOCK
+                if chunked:
+                    y, state = gdn_prefill.recurrence(q[:, begin:end], k[:, begin:end], v[:, begin:end],
+                                                      log_g[:, begin:end], beta[:, begin:end], state)
+                    ys.append(y)
+                for s in range(begin, end, BLOCK) if not chunked else ():
+                    e = min(s + BLOCK, end)
+                    run = _block if e - s == BLOCK else _recurrence  # a short tail: not worth a compile per length
+                    y, state = run(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], state)
+                    ys.append(y)
+                if end < S:
+                    cache.stopped[end] = (conv_input[:, end:end + keep, :], state)
+                begin = end
         cache[0], cache[1] = mx.contiguous(conv_input[:, -keep:, :]), state
         cache.advance(S)
         out = self.out_proj(self.norm(mx.concatenate(ys, axis=1), z).reshape(B, S, -1))
@@ -89,12 +111,14 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         return out
 
 
-def install(model) -> bool:
-    """Switch every qwen3_5 GatedDeltaNet of `model` to the capturing class (same parameters).
-    Returns whether all recurrent layers can now capture."""
+def install(model, chunked: bool = False) -> bool:
+    """Switch every qwen3_5 GatedDeltaNet of `model` to the capturing class (same parameters),
+    prefilling in matrix form if `chunked`. Returns whether all recurrent layers can now capture."""
     layers = getattr(model, "layers", [])
     recurrent = [layer for layer in layers if hasattr(layer, "linear_attn")]
     for layer in recurrent:
         if type(layer.linear_attn) is GatedDeltaNet:
             layer.linear_attn.__class__ = CapturingGatedDeltaNet
+        if isinstance(layer.linear_attn, CapturingGatedDeltaNet):
+            layer.linear_attn.chunked = chunked
     return all(isinstance(layer.linear_attn, CapturingGatedDeltaNet) for layer in recurrent)

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
+from mtplx.engine import cache_state
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.runner import ModelRunner
 from mtplx.engine.sampling import Sampler, apply_repetition_penalty
@@ -23,6 +24,7 @@ from mtplx.engine.stats import GenerationStats
 from mtplx.engine.text_stream import TextStream
 from mtplx.events import DraftVerified, FirstToken, Finished, PrefillProgress, Restored, Tokens
 from mtplx.reply_stream import Piece, ReplyStream, message
+from mtplx.state import snapshot
 from mtplx.state.turn import CheckpointHook, StartPoint, TurnState  # noqa: F401  (StartPoint: callers import it here)
 
 
@@ -101,7 +103,10 @@ class Generation:
             raise ValueError(f"start state holds {cached} tokens, more than the {len(prompt) - 1} a restore may cover")
         t0 = time.perf_counter()
         last_hidden = None
-        for end in self._chunk_ends(cached, len(prompt), checkpoints):
+        # Recurrent layers that can keep their state at a position inside a forward (and attention
+        # KV, a prefix) let a checkpoint fall inside a chunk; others end a forward there.
+        inside = self.runner.can_capture
+        for end in self._chunk_ends(cached, len(prompt), () if inside else checkpoints):
             if cancelled():  # an abandoned request frees the engine within one chunk
                 self.finish_reason = "cancelled"
                 self.stats.prefill_s = time.perf_counter() - t0
@@ -109,12 +114,16 @@ class Generation:
                     self.state, self.last_hidden, self.prefill_cut = state, last_hidden, state.length
                 return
             begin = state.length
+            stops = [c - begin for c in checkpoints if begin < c < end] if on_checkpoint else []
+            cache_state.set_stops(state.trunk, stops)
             with self.runner.small_forwards() if end - begin <= ONE_THREAD_UP_TO else contextlib.nullcontext():
                 last_hidden = self._prefill_chunk(prompt, begin, end, state)
             state.tokens.extend(prompt[begin:end])
             state.length = end
+            for stop, recurrent in cache_state.take_stopped(state.trunk, stops).items():
+                on_checkpoint(begin + stop, recurrent)
             if on_checkpoint and end in checkpoints:
-                on_checkpoint(end, state)
+                on_checkpoint(end, snapshot.recurrent_arrays(state.trunk))
             yield PrefillProgress(self.request.request_id, end - cached, len(prompt) - cached)
         self.stats.prefill_s = time.perf_counter() - t0
         self.state = state

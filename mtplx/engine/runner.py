@@ -5,6 +5,8 @@ The runner knows arrays and caches, never requests or events. Only the engine th
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
@@ -39,7 +41,11 @@ class ModelRunner:
             self._project = lambda h: gather_last_axis(outer.lm_head(h), outer.sharding_group)
         self._head_transform = head_transform(outer)
         self.has_recurrent = any(hasattr(layer, "linear_attn") for layer in self.model.layers)
-        self.can_capture = gdn_capture.install(self.model) if self.has_recurrent else True
+        # GatedDeltaNet prefill in matrix form where rows are not bitwise anyway (CPU fp32 on MKL):
+        # it rounds differently from the step function (gdn_prefill.py). MTPLX_GDN_CHUNKED=off to compare.
+        chunked = (checkpoint.extras.get("compute") == "cpu fp32 + mkl"
+                   and os.environ.get("MTPLX_GDN_CHUNKED", "on").lower() not in ("off", "0", "false"))
+        self.can_capture = gdn_capture.install(self.model, chunked) if self.has_recurrent else True
         # Short steps (decode, verify, draft) through compiled layers where the family is known;
         # on the CPU backend only, where per-op dispatch is what such a step costs.
         on_cpu = mx.default_device() == mx.cpu

@@ -36,4 +36,6 @@ class StartPoint:
         return self.state.length if self.state else 0
 
 
-CheckpointHook = Callable[[int, TurnState], None]  # called at each checkpoint position during prefill
+# Called at each checkpoint position during prefill with the recurrent arrays there
+# (snapshot.recurrent_arrays' shape: per layer a tuple, or None for attention layers).
+CheckpointHook = Callable[[int, list], None]
