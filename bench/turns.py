@@ -154,6 +154,17 @@ def tuned_depth(model: str) -> int | None:
 
 
 @contextlib.contextmanager
+# The mtplx engines served from this process. Before each server's turn every one of them is let
+# finish its idle work: render-ahead left over from one server's strip conversation otherwise ran
+# while the next server was measured (same process, same two cores).
+IN_PROCESS: list = []
+
+
+def settle_all() -> None:
+    for engine in IN_PROCESS:
+        engine.settle()
+
+
 def servers(model: str, depth: int | None):
     from mtplx.launch import serve_in_process
 
@@ -163,6 +174,8 @@ def servers(model: str, depth: int | None):
         urls = {}
         for label, arm in (("mtplx", f"depth={depth}" if depth else "no-mtp"), ("mtplx no-mtp", "no-mtp")):
             engine, server = serve_in_process(model, arm)
+            IN_PROCESS.append(engine)
+            stack.callback(IN_PROCESS.remove, engine)
             stack.callback(engine.stop)
             stack.callback(server.stop)
             urls[label] = (server.url, engine.checkpoint.extras.get("compute"))
@@ -198,9 +211,11 @@ def main() -> None:
             for run in range(args.runs):
                 order = list(urls) if run % 2 == 0 else list(reversed(urls))
                 for label in order:
+                    settle_all()
                     rows[label].append(measure(client, urls[label][0], cold, agent, args.pause))
                     if label in strips:
                         for idle in args.idle:
+                            settle_all()
                             strips[label][idle].append(drive(client, urls[label][0], tok, idle))
                 print(f"{model}: run {run + 1}/{args.runs} done", file=sys.stderr, flush=True)
         report(model, urls, rows, depth)

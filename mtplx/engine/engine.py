@@ -59,9 +59,17 @@ class Submission:
         self.events: queue.Queue[EngineEvent] = queue.Queue()
         self.cancelled = threading.Event()
         self.submitted_at = time.monotonic()
+        # Called (on the engine thread) after each event is queued: an event loop's consumer sets
+        # it to a thread-safe wake-up instead of parking a pool thread in `events.get` per event.
+        self.waker: Callable[[], None] | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def put(self, event: EngineEvent) -> None:
+        self.events.put(event)
+        if (waker := self.waker) is not None:
+            waker()
 
     def __iter__(self) -> Iterator[EngineEvent]:
         while True:
@@ -261,7 +269,7 @@ class Engine:
     def _publish(self, sub: Submission, event: EngineEvent) -> None:
         # Listeners first: once a submitter sees its Finished event, the receipt is written.
         self._broadcast(event)
-        sub.events.put(event)
+        sub.put(event)
 
     def _broadcast(self, event: EngineEvent) -> None:
         """Hand an event to every listener (bank decisions have no submission of their own)."""
@@ -379,7 +387,7 @@ class Engine:
             if isinstance(sub, _Call):
                 sub.done.put((False, EngineStopped(message)))
             else:
-                sub.events.put(Failed(sub.request.request_id, message, kind))
+                sub.put(Failed(sub.request.request_id, message, kind))
 
     @staticmethod
     def _release_streams() -> None:
