@@ -153,7 +153,6 @@ def tuned_depth(model: str) -> int | None:
     return tune_model(model, save=False, echo=lambda line: print(f"  tune {model}: {line}", file=sys.stderr))["chosen"]
 
 
-@contextlib.contextmanager
 # The mtplx engines served from this process. Before each server's turn every one of them is let
 # finish its idle work: render-ahead left over from one server's strip conversation otherwise ran
 # while the next server was measured (same process, same two cores).
@@ -165,6 +164,7 @@ def settle_all() -> None:
         engine.settle()
 
 
+@contextlib.contextmanager
 def servers(model: str, depth: int | None):
     from mtplx.launch import serve_in_process
 
