@@ -13,8 +13,9 @@ Per model, each run measures on every server, interleaved so machine noise hits 
 - decode tok/s of a prose answer (no tools, so nothing is held back): (completion tokens - 1) /
   (total - TTFT), client-side; a run whose first delta came late (held back) is left out.
 
-Servers: mtplx as users get it after `mtplx tune` (MTP at the depth the tuner chooses on this
-machine, measured at the start of each model's run without storing it; bank; the CPU fast path),
+Servers, each `mtplx serve` / `mlx_lm.server` in its own process: mtplx as users get it after
+`mtplx tune` (MTP at the depth the tuner chooses on this machine, measured at the start of each
+model's run without storing it; bank; the CPU fast path),
 mtplx with --no-mtp, mtplx with
 MTPLX_FAST_PATH=off (what it ran before the fast path), and mlx_lm.server twice: with the same fast path (MKL preloaded, fp32 weights) and as it installs
 (bf16, the wheel's reference BLAS). TTFT is to the first generated delta, client-side, streaming.
@@ -119,8 +120,9 @@ def measure(client, url: str, cold, agent, pause: float) -> dict:
 
 
 @contextlib.contextmanager
-def mtplx_off(model: str):
-    """`mtplx serve` in a child process with MTPLX_FAST_PATH=off (this process already loaded MKL)."""
+def mtplx_server(model: str, args: list[str], env: dict | None = None):
+    """`mtplx serve` in a child process, as a user runs it (its own interpreter: the bench's client
+    work never contends with the server's threads), with a fresh home."""
     import os
     import subprocess
     import tempfile
@@ -128,20 +130,22 @@ def mtplx_off(model: str):
     from peer_server import free_port
 
     port, home = free_port(), tempfile.mkdtemp(prefix="mtplx-bench-home-")
-    proc = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", "--model", model, "--port", str(port)],
-                            env={**os.environ, "MTPLX_FAST_PATH": "off", "MTPLX_HOME": home},
+    proc = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", "--model", model, "--port", str(port), *args],
+                            env={**os.environ, "MTPLX_HOME": home, **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
             if proc.poll() is not None:
-                raise RuntimeError("mtplx serve (fast path off) exited")
+                raise RuntimeError(f"mtplx serve {' '.join(args)} exited")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             time.sleep(0.3)
+        MTPLX_URLS.append(url)
         yield url
     finally:
+        MTPLX_URLS.remove(url) if url in MTPLX_URLS else None
         proc.terminate()
         proc.wait(30)
 
@@ -153,38 +157,39 @@ def tuned_depth(model: str) -> int | None:
     return tune_model(model, save=False, echo=lambda line: print(f"  tune {model}: {line}", file=sys.stderr))["chosen"]
 
 
-# The mtplx engines served from this process. Before each server's turn every one of them is let
-# finish its idle work: render-ahead left over from one server's strip conversation otherwise ran
-# while the next server was measured (same process, same two cores).
-IN_PROCESS: list = []
+# The mtplx servers running. Before each server's turn every one of them is let finish its idle
+# work: render-ahead left over from one server's strip conversation otherwise ran while the next
+# server was measured (the same two cores).
+MTPLX_URLS: list = []
 
 
-def settle_all() -> None:
-    for engine in IN_PROCESS:
-        engine.settle()
+def settle_all(timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    for url in MTPLX_URLS:
+        while time.monotonic() < deadline:
+            health = httpx.get(url + "/health", timeout=10).json()
+            if not health.get("idle_work") and not health.get("busy"):
+                break
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager
 def servers(model: str, depth: int | None):
-    from mtplx.launch import serve_in_process
-
     mkl = fast_path.mkl_library()
     fast_env = {"LD_PRELOAD": str(mkl), "MKL_CBWR": "AUTO,STRICT", "MKL_DYNAMIC": "FALSE", "KMP_BLOCKTIME": "0"} if mkl else None
     with contextlib.ExitStack() as stack:
         urls = {}
-        for label, arm in (("mtplx", f"depth={depth}" if depth else "no-mtp"), ("mtplx no-mtp", "no-mtp")):
-            engine, server = serve_in_process(model, arm)
-            IN_PROCESS.append(engine)
-            stack.callback(IN_PROCESS.remove, engine)
-            stack.callback(engine.stop)
-            stack.callback(server.stop)
-            urls[label] = (server.url, engine.checkpoint.extras.get("compute"))
-        urls["mtplx fast path off"] = (stack.enter_context(mtplx_off(model)), "cpu bf16 reference blas")
+        for label, args in (("mtplx", ["--depth", str(depth)] if depth else ["--no-mtp"]), ("mtplx no-mtp", ["--no-mtp"])):
+            urls[label] = (stack.enter_context(mtplx_server(model, args)), None)
+        urls["mtplx fast path off"] = (stack.enter_context(mtplx_server(model, [], {"MTPLX_FAST_PATH": "off"})), None)
         if fast_env:
             urls["mlx-lm fast"] = (stack.enter_context(mlx_lm_server(model, model_dir=fp32_copy(model), env=fast_env)),
                                    "cpu fp32 + mkl")
         urls["mlx-lm as installed"] = (stack.enter_context(mlx_lm_server(model, env={"LD_PRELOAD": ""})),
                                        "cpu bf16 reference blas")
+        for label, (url, compute) in urls.items():  # what each mtplx server says it runs on
+            if compute is None:
+                urls[label] = (url, httpx.get(url + "/health", timeout=10).json().get("compute"))
         yield urls
 
 

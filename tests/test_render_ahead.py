@@ -67,6 +67,7 @@ def _strip_turn(name: str, budget: int | None, receipts: ReceiptStore | None = N
                 outcome = engine.bank.outcomes.get(req.request_id)
                 gate.budget = None
                 engine.settle()  # the re-queued render-ahead finishes from where it stopped
+                assert engine.health()["idle_work"] is False  # what /health tells a benchmark
                 return fin, outcome, decisions, engine.call(lambda: len(engine.bank_executor.jobs))
             session.send_back(fin.reply)
             if before_strip and budget is None:

@@ -166,6 +166,7 @@ class Engine:
         if self.died:
             out["engine_error"] = self.died
         if self.bank is not None:
+            out["idle_work"] = bool(self.bank_executor and self.bank_executor.has_idle_work)  # render-ahead to run
             out["bank"] = self.bank.health()
             if self.ssd_error:  # the tier could not even be opened: RAM-only for this run
                 out["bank"].update(ssd="degraded", ssd_error=self.ssd_error)
