@@ -308,14 +308,16 @@ def test_quit_mid_prefill_cancels_the_turn():
     from mtplx.engine.engine import Engine, EngineConfig
     from mtplx.events import PrefillProgress
 
-    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=32), name="tiny-dense").start()
+    # ~5.6k tokens in 16-token chunks: a prefill of seconds, well past the time a loaded machine
+    # takes to deliver the key (2.4k in 32-token chunks ran out first in ~1 of 3 runs)
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=16), name="tiny-dense").start()
     seen: list = []
     engine.listeners.append(seen.append)
 
     async def flow():
         app = MtplxApp(engine=engine, model_name="tiny-dense", max_tokens=8)
         async with app.run_test(size=SIZE) as pilot:
-            app.dashboard.query_one("#prompt").value = "Rules of the repository: " + "keep every change small and tested. " * 300
+            app.dashboard.query_one("#prompt").value = "Rules of the repository: " + "keep every change small and tested. " * 700
             await pilot.press("enter")
             for _ in range(400):
                 await pilot.pause(0.02)
