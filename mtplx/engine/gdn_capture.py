@@ -72,7 +72,7 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         q, k = gated_delta.normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
         beta = mx.sigmoid(self.in_proj_b(inputs))
         a = self.in_proj_a(inputs)
-        g = gated_delta.compute_g(self.A_log, a, self.dt_bias)  # lazy: the chunked path reads log g instead
+        g = gated_delta.compute_g(self.A_log, a, self.dt_bias)  # lazy: unused by the matrix form
         state = cache[1] if cache[1] is not None else mx.zeros((B, self.num_v_heads, self.head_v_dim, self.head_k_dim), dtype=mx.float32)
         if (repeat := self.num_v_heads // self.num_k_heads) > 1:
             q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
@@ -86,20 +86,21 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         else:
             # The input runs in segments that end at the stops (the bank's checkpoints inside this
             # forward); the state at each is kept, as a forward that ended there would leave it.
-            log_g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a + self.dt_bias)  # log of compute_g's g
+            if self.chunked:  # the log of compute_g's g, which the matrix form decays by
+                log_g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a + self.dt_bias)
             cache.stopped, begin = {}, 0
             for end in (*stops, S):
-                # up to a block, the step function: what compiled.py's steps run, bit for bit
-                chunked = self.chunked and end - begin > BLOCK
-                if chunked:
+                # Up to a block, the step function: what compiled.py's steps run, bit for bit.
+                if self.chunked and end - begin > BLOCK:
                     y, state = gdn_prefill.recurrence(q[:, begin:end], k[:, begin:end], v[:, begin:end],
                                                       log_g[:, begin:end], beta[:, begin:end], state)
                     ys.append(y)
-                for s in range(begin, end, BLOCK) if not chunked else ():
-                    e = min(s + BLOCK, end)
-                    run = _block if e - s == BLOCK else _recurrence  # a short tail: not worth a compile per length
-                    y, state = run(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], state)
-                    ys.append(y)
+                else:
+                    for s in range(begin, end, BLOCK):
+                        e = min(s + BLOCK, end)
+                        run = _block if e - s == BLOCK else _recurrence  # a short tail: not worth a compile per length
+                        y, state = run(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], state)
+                        ys.append(y)
                 if end < S:
                     cache.stopped[end] = (conv_input[:, end:end + keep, :], state)
                 begin = end

@@ -47,8 +47,9 @@ class MTPHead(nn.Module):
         """Append the head layer's keys and values for these pairs to `cache`, and nothing else.
         Of a prompt position only its keys and values are ever read (drafting starts after the
         prompt), and with one decoder layer they depend on that position's input alone: the
-        layer's attention over the context and its MLP, most of the head's prompt cost (~0.65 s
-        over 3k tokens here), are never built. The cache ends bit-identical to a full call's."""
+        layer's attention over the context and its MLP are never built. The cache ends
+        bit-identical to a full call's. (The trunk's last layer over the prompt, which the head's
+        input needs, is still computed: that is most of the deferred MTP prefill left.)"""
         try:
             self.layers[0](self._input(hidden, next_embeds), None, _KeysOnly(cache))
         except _KeysStored:
