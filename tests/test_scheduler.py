@@ -79,22 +79,44 @@ def test_seeded_sampling_in_a_batch_equals_alone(engine, batch_sizes):
 
 def test_a_mixed_batch_equals_each_request_alone(engine, tokenizer, batch_sizes):
     """Rows that need the host between drafts (a sampled row, a tool rule) share a batch with plain
-    greedy rows of other depths: each row still gets exactly its tokens alone."""
+    greedy rows of other depths and a masked row: each row still gets exactly its tokens alone."""
     from mtplx.engine.tool_rule import ToolRule
 
     p = _prompts(engine)
     rule = ToolRule("required", tokenizer.convert_tokens_to_ids("<tool_call>"), tuple(engine.eos_ids))
+    never = ToolRule("never", rule.call_open)  # a turn without tools: a history-free mask, drafts stay lazy
     requests = lambda: [
         GenerationRequest(p[0], SamplingParams(max_tokens=32, ignore_eos=True), depth=1, session="a"),
         GenerationRequest(p[1], SamplingParams(max_tokens=32, ignore_eos=True), depth=3, session="b"),
         GenerationRequest(p[2], SamplingParams(max_tokens=32, temperature=0.7, seed=3, ignore_eos=True), session="c"),
         GenerationRequest(p[3], SamplingParams(max_tokens=32), depth=2, tool_rule=rule, session="d"),
+        GenerationRequest(p[0], SamplingParams(max_tokens=32), depth=2, tool_rule=never, session="e"),
     ]
     alone = [engine.submit(r).result().token_ids for r in requests()]
     subs = [engine.submit(r) for r in requests()]
     assert [s.result().token_ids for s in subs] == alone
     assert max(batch_sizes) >= 3 and batch_sizes.modes == {"mtp"}
     assert rule.call_open in alone[3]
+
+
+def test_greedy_rows_under_a_mask_batch_lazily_and_equal_alone(engine, tokenizer, batch_sizes, monkeypatch):
+    """Turns without tools carry the "never" rule; as a mask it keeps a greedy batch's drafts one
+    lazy chain (no per-row host picks) and every row still equals itself alone."""
+    from mtplx.engine.tool_rule import ToolRule
+
+    never = ToolRule("never", tokenizer.convert_tokens_to_ids("<tool_call>"))
+    requests = lambda: [GenerationRequest(p, SamplingParams(max_tokens=32, ignore_eos=True), depth=2,
+                                          tool_rule=never if i % 2 else None, session=f"m{i}")
+                        for i, p in enumerate(_prompts(engine, 3))]
+    alone = [engine.submit(r).result().token_ids for r in requests()]
+
+    def host_draft(self, *args):
+        raise AssertionError("a masked greedy batch drafted on the host")
+
+    monkeypatch.setattr(DecodeBatch, "_draft", host_draft)
+    subs = [engine.submit(r) for r in requests()]
+    assert [s.result().token_ids for s in subs] == alone
+    assert max(batch_sizes) >= 2 and batch_sizes.modes == {"mtp"}
 
 
 def _ready(engine, prompt) -> Generation:

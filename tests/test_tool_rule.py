@@ -60,3 +60,28 @@ def test_mtp_greedy_equals_ar_greedy_under_a_rule(engine, tokenizer, mode):
     assert runs[1].stats.verify_calls > 0
     opened = rule.call_open in runs[0].token_ids
     assert opened if mode == "required" else not opened
+
+
+def test_never_keeps_greedy_drafts_on_the_device(engine, tokenizer, monkeypatch):
+    """Every chat turn without tools runs under "never"; as a history-free mask it shapes the lazy
+    draft chain and the verify rows at once, so a round still syncs with the host once (drafting
+    token by token on the host cost those turns most of MTP's gain), and the tokens are still AR's
+    under the rule."""
+    from mtplx.engine.speculation import Speculator
+
+    prompt = _tool_prompt(tokenizer)
+    rule = ToolRule("never", tokenizer.convert_tokens_to_ids("<tool_call>"))
+    request = lambda mtp, rule: GenerationRequest(prompt, SamplingParams(max_tokens=40), use_mtp=mtp, depth=2,
+                                                  tool_rule=rule)
+    free = engine.submit(request(False, None)).result()
+    ar = engine.submit(request(False, rule)).result()
+
+    def host_draft(self, k):
+        raise AssertionError("a history-free rule drafted on the host")
+
+    monkeypatch.setattr(Speculator, "_draft", host_draft)
+    mtp = engine.submit(request(True, rule)).result()
+    assert mtp.token_ids == ar.token_ids and mtp.stats.verify_calls > 0
+    assert rule.call_open not in ar.token_ids
+    if engine.checkpoint.path.name == "tiny-dense":  # free, it calls a tool: the mask did bite
+        assert rule.call_open in free.token_ids and free.token_ids != ar.token_ids

@@ -59,7 +59,7 @@ class DecodeBatch:
         mx.eval(logits)
         elapsed = time.perf_counter() - t
         plain = [b for b, g in enumerate(self.gens) if _plain_greedy(g)]
-        argmax = dict(zip(plain, mx.argmax(logits[mx.array(plain)], axis=-1).tolist())) if plain else {}
+        argmax = dict(zip(plain, mx.argmax(self._masked(logits)[mx.array(plain)], axis=-1).tolist())) if plain else {}
         out = []
         for b, gen in enumerate(self.gens):
             gen.stats.verify_s += elapsed
@@ -85,7 +85,7 @@ class DecodeBatch:
             mx.array([[s.last] + d for s, d in zip(specs, drafts)])
         cache_state.set_capture(self.trunk, True)
         hidden = runner.hidden(fed, self.trunk)
-        logits = runner.logits(hidden)
+        logits = self._masked(runner.logits(hidden))
         if any(s.shape is not None for s in specs):
             logits = mx.stack([logits[b] if s.shape is None else
                                mx.stack([s.shape(logits[b, i], drafts[b][:i]) for i in range(k + 1)])
@@ -129,6 +129,12 @@ class DecodeBatch:
             spec.stats.sample_s += t3 - t2
         return results
 
+    def _masked(self, logits: mx.array) -> mx.array:
+        """Each row's logits (B, ...) under its history-free rule (Generation.mask), if any."""
+        if all(g.mask is None for g in self.gens):
+            return logits
+        return mx.stack([logits[b] if g.mask is None else g.mask(logits[b]) for b, g in enumerate(self.gens)])
+
     def _pending_pairs(self, specs) -> mx.array:
         """Feed each row's pending (hidden, next token) pairs to the MTP head; (B, 1, H) of each
         row's last. Rows have 1..k+1 pairs: shorter rows are right-padded and cut back after."""
@@ -144,7 +150,7 @@ class DecodeBatch:
         """k greedy drafts per row as a lazy (B, k) array (rows allowed fewer judge only theirs)."""
         steps = []
         for i in range(k):
-            steps.append(mx.argmax(self.runner.logits(m)[:, -1], axis=-1))
+            steps.append(mx.argmax(self._masked(self.runner.logits(m)[:, -1]), axis=-1))
             if i < k - 1:
                 m = self.runner.draft_hidden(m, steps[-1][:, None], self.mtp)
         return mx.stack(steps, axis=1), None
@@ -154,7 +160,7 @@ class DecodeBatch:
         runner = self.runner
         drafts, dists = [[] for _ in specs], [[] for _ in specs]
         for i in range(k):
-            logits = runner.logits(m)[:, -1]
+            logits = self._masked(runner.logits(m)[:, -1])
             plain = [b for b, s in enumerate(specs) if i < ks[b] and s.params.greedy and s.shape is None]
             picks = dict(zip(plain, mx.argmax(logits[mx.array(plain)], axis=-1).tolist())) if plain else {}
             for b, s in enumerate(specs):
@@ -182,7 +188,7 @@ def _pad(hidden: mx.array, length: int) -> mx.array:
 
 
 def _plain_greedy(gen: Generation) -> bool:
-    return gen.params.greedy and gen.params.repetition_penalty == 1.0 and gen.request.tool_rule is None
+    return gen.params.greedy and gen.params.repetition_penalty == 1.0 and gen.shape is None
 
 
 def _arrays(layer) -> list:

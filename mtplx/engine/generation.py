@@ -54,6 +54,12 @@ class Generation:
         self.eos_ids = set() if request.sampling.ignore_eos else eos_ids
         self.submitted_at = submitted_at
         self.sampler = Sampler(self.params)
+        rule = request.tool_rule
+        # A history-free rule (no tools: the call token banned) as a plain transform of logits of
+        # any leading shape, so greedy drafts stay one lazy chain (see Speculator) and a batch's
+        # argmax rows need no per-row pick. A rule that reads history shapes position by position.
+        self.mask = (lambda logits: rule.apply(logits, ())) if rule is not None and rule.history_free else None
+        self.shape = self._ruled if rule is not None and not rule.history_free else None
         tokenizer = runner.checkpoint.tokenizer
         in_reasoning = tokenizer.decode(list(request.prompt[-4:])).rstrip().endswith("<think>")
         self.stream = TextStream(tokenizer, self.params.stop, in_reasoning)
@@ -215,7 +221,7 @@ class Generation:
         if self.use_mtp:
             pending = hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
             self.speculator = Speculator(self.runner, self.sampler, self.state, pending, tokens, self.stats,
-                                         self.eos_ids, self._ruled if self.request.tool_rule else None)
+                                         self.eos_ids, self.shape, self.mask)
         self.last = tokens[-1]
 
     def _emit_shown(self, tokens: list[int]):

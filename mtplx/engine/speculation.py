@@ -53,7 +53,7 @@ def greedy_kept(drafts: list[int], targets: list[int]) -> int:
 
 class Speculator:
     def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int | list[int],
-                 stats: GenerationStats, eos_ids: set[int] = frozenset(), shape=None):
+                 stats: GenerationStats, eos_ids: set[int] = frozenset(), shape=None, mask=None):
         """`last_hidden`: the trunk's hidden before each token of `first` (one token, or the first
         few sampled by plain steps), whose pairs the MTP head has not yet seen."""
         self.runner, self.sampler, self.state, self.stats = runner, sampler, state, stats
@@ -61,6 +61,9 @@ class Speculator:
         # every verify row go through the same transform as an autoregressive pick, so the kept
         # tokens are exactly what AR decoding under the rule gives.
         self.shape = shape
+        # mask(logits): a history-free rule, the same at every position (any leading shape); it
+        # keeps greedy drafts lazy, where `shape` needs each draft on the host.
+        self.mask = mask
         self.eos_ids = eos_ids
         self.params = sampler.params
         # MTP pairs (hidden at t, token at t+1) not yet fed to the MTP cache; the last pair's
@@ -76,7 +79,7 @@ class Speculator:
         m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
         drafts, dists = [], []
         for i in range(k):
-            logits = runner.logits(m)[0, -1]
+            logits = self._masked(runner.logits(m)[0, -1])
             if self.shape is not None:
                 logits = self.shape(logits, drafts)
             if self.params.greedy:
@@ -97,12 +100,15 @@ class Speculator:
         m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
         drafts = []
         for i in range(k):
-            drafts.append(mx.argmax(runner.logits(m)[0, -1:], axis=-1))
+            drafts.append(mx.argmax(self._masked(runner.logits(m)[0, -1:]), axis=-1))
             if i < k - 1:
                 m = runner.draft_hidden(m, drafts[-1], self.state.mtp)
         drafts = mx.concatenate(drafts)
         mx.async_eval(drafts)  # the head computes while the verify graph is built
         return drafts
+
+    def _masked(self, logits: mx.array) -> mx.array:
+        return logits if self.mask is None else self.mask(logits)
 
     def round(self, k: int) -> tuple[list[int], list[int], int]:
         """One draft+verify round. Returns (new tokens, drafts, drafts accepted)."""
@@ -125,7 +131,7 @@ class Speculator:
         saved = None if capture else cache_state.recurrent_copy(state.trunk)
         cache_state.set_capture(state.trunk, capture)
         hidden = runner.hidden(fed_ids, state.trunk)
-        logits = runner.logits(hidden)[0]
+        logits = self._masked(runner.logits(hidden)[0])
         if lazy:
             targets = mx.argmax(logits, axis=-1)
             mx.eval(targets, pending)

@@ -40,6 +40,12 @@ class ToolRule:
         if not isinstance(self.call_open, int) or self.call_open < 0:
             raise ValueError(f"call_open must be a token id, got {self.call_open!r}")
 
+    @property
+    def history_free(self) -> bool:
+        """The same transform at every position whatever came before it ("never"): it can shape a
+        lazy chain of drafts and every row of a verify at once, with no host round trip."""
+        return self.mode == "never"
+
     def apply(self, logits: mx.array, history: Sequence[int]) -> mx.array:
         """The logits of one position (last axis = vocabulary) after the rule."""
         if self.mode == "never":
