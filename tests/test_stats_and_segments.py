@@ -21,3 +21,28 @@ def test_tau_and_acceptance_by_depth():
     assert s.tau == (4 + 2) / 2
     assert s.acceptance_by_depth == [1.0, 0.5, 0.5]
     assert s.accepted_by_segment == {"reasoning": 1, "content": 3, "tool_call": 0}
+
+
+def test_a_tracker_never_builds_the_whole_vocabulary(monkeypatch):
+    """One tracker per request: with Qwen3's real 151k-entry tokenizer, `get_vocab()` took ~200 ms
+    of every turn's time to first token. The markers are looked up one by one."""
+    from pathlib import Path
+
+    import pytest
+    from transformers import AutoTokenizer
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tokenizers" / "qwen3"
+    if not path.exists():
+        pytest.skip("needs the real Qwen3 tokenizer in ../shared/fixtures/tokenizers/qwen3 (absent)")
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+
+    def whole(*args, **kwargs):
+        raise AssertionError("get_vocab() per request")
+
+    monkeypatch.setattr(type(tokenizer), "get_vocab", whole)
+    tracker = SegmentTracker(tokenizer)
+    ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>", "<tool_call>", "</tool_call>"])
+    assert tracker.opens == {ids[0]: "reasoning", ids[2]: "tool_call"} and tracker.closes == {ids[1], ids[3]}
+    from mtplx.engine.segments import token_id
+
+    assert token_id(tokenizer, "<not a token>") is None
