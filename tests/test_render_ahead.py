@@ -35,9 +35,10 @@ class IdleGate:
 
     def step(self) -> bool:
         if self.budget is None or self.budget > 0:
-            if self.budget is not None:
-                self.budget -= 1
-            return self.original()
+            more = self.original()
+            if self.budget is not None:  # counted once the step is done: a request sent as the
+                self.budget -= 1  # budget runs out must not find the last step still running
+            return more
         time.sleep(0.002)  # held: the engine loops back and serves any request first
         return True
 

@@ -12,7 +12,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -105,8 +105,10 @@ def _extends(tokens, prefix: list[int]) -> bool:
 
 
 class BankExecutor:
-    def __init__(self, runner, bank: SessionBank, chunk_size: int):
-        self.runner, self.bank, self.chunk_size = runner, bank, chunk_size
+    def __init__(self, runner, bank: SessionBank, chunk_size: int, waiting: Callable[[], bool] | None = None):
+        """`waiting()`: whether a request waits for the engine thread; render-ahead asks it between
+        layers and steps aside (engine/preemption.py). None: its chunks run whole."""
+        self.runner, self.bank, self.chunk_size, self.waiting = runner, bank, chunk_size, waiting
         self.idle_chunk = min(chunk_size, IDLE_CHUNK)
         # Render-ahead prefills, advanced one chunk per idle step: (job, its step iterator).
         self.jobs: deque[tuple[RenderJob, Iterator]] = deque()
@@ -254,7 +256,7 @@ class BankExecutor:
                          use_mtp=use_mtp, depth=1, chunk_size=idle_chunk(len(tokens), self.idle_chunk), eos_ids=set(), submitted_at=time.monotonic())
         turn = BankedTurn(plan, StartPoint(state))
         job.gen = gen
-        for _ in gen.prefill(turn.start, turn.checkpoints, turn.capture, lambda: job.preempted):
+        for _ in gen.prefill(turn.start, turn.checkpoints, turn.capture, lambda: job.preempted, self.waiting):
             yield
         if gen.finish_reason == "cancelled":  # preempted by a request: keep the computed prefix
             if gen.prefill_cut is not None:

@@ -25,6 +25,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.qwen3 import Attention as Qwen3Attention
 from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
+from mtplx.engine import preemption
 from mtplx.engine.batch_cache import RaggedKVCache
 
 STEP_TOKENS = 16  # longer inputs (prefill chunks) run mlx-lm's forward
@@ -173,6 +174,7 @@ class StepForward:
     def __call__(self, tokens: mx.array, cache: list) -> mx.array:
         x = self.inner.embed_tokens(tokens)
         for step, c in zip(self.steps, cache):
+            preemption.between_layers(x)  # a no-op outside a background prefill
             x = step(x, c)
         return x  # the last step applied the final norm
 

@@ -342,7 +342,11 @@ class Engine:
     def _bank_executor(self):
         from mtplx.engine.bank_executor import BankExecutor
 
-        return BankExecutor(self.runner, self.bank, self.config.chunk_size)
+        # A request queued: render-ahead steps aside between layers (the dict read without the lock
+        # is a hint; at worst one more layer runs). Calls (inspection, settle, the TUI's polls) wait
+        # for the chunk: one that preempted would undo it, and a poll loop would starve the job.
+        return BankExecutor(self.runner, self.bank, self.config.chunk_size,
+                            waiting=lambda: any(key != "__call__" for key in list(self._queues)))
 
     def _start_scheduler(self) -> None:
         import os

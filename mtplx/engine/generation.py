@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from mtplx.engine import cache_state
+from mtplx.engine import cache_state, preemption
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.runner import ModelRunner
 from mtplx.engine.sampling import Sampler, apply_repetition_penalty
@@ -95,7 +95,10 @@ class Generation:
         return sorted({*cuts, end})
 
     def prefill(self, start: StartPoint, checkpoints: tuple[int, ...], on_checkpoint: CheckpointHook | None,
-                cancelled: Callable[[], bool] = lambda: False) -> Iterator:
+                cancelled: Callable[[], bool] = lambda: False, yield_to: Callable[[], bool] | None = None) -> Iterator:
+        """The prompt's state, one chunk per step: yields Restored, then PrefillProgress per chunk.
+        `yield_to` (background work only): asked between layers whether a request waits; if so
+        the chunk is undone and None is yielded (the caller steps aside), then the chunk is retried."""
         prompt = list(self.request.prompt)
         if start.state is not None:
             state = start.state
@@ -113,17 +116,21 @@ class Generation:
         # KV, a prefix) let a checkpoint fall inside a chunk; others end a forward there.
         inside = self.runner.can_capture
         for end in self._chunk_ends(cached, len(prompt), () if inside else checkpoints):
-            if cancelled():  # an abandoned request frees the engine within one chunk
-                self.finish_reason = "cancelled"
-                self.stats.prefill_s = time.perf_counter() - t0
-                if state.length > cached:  # what the finished chunks computed: a retry restores it
-                    self.state, self.last_hidden, self.prefill_cut = state, last_hidden, state.length
-                return
-            begin = state.length
-            stops = [c - begin for c in checkpoints if begin < c < end] if on_checkpoint else []
-            cache_state.set_stops(state.trunk, stops)
-            with self.runner.small_forwards() if end - begin <= ONE_THREAD_UP_TO else contextlib.nullcontext():
-                last_hidden = self._prefill_chunk(prompt, begin, end, state)
+            while True:
+                if cancelled():  # an abandoned request frees the engine within one chunk
+                    self.finish_reason = "cancelled"
+                    self.stats.prefill_s = time.perf_counter() - t0
+                    if state.length > cached:  # what the finished chunks computed: a retry restores it
+                        self.state, self.last_hidden, self.prefill_cut = state, last_hidden, state.length
+                    return
+                begin = state.length
+                stops = [c - begin for c in checkpoints if begin < c < end] if on_checkpoint else []
+                cache_state.set_stops(state.trunk, stops)
+                try:
+                    last_hidden = self._chunk(prompt, begin, end, state, yield_to)
+                    break
+                except preemption.SteppedAside:
+                    yield None
             state.tokens.extend(prompt[begin:end])
             state.length = end
             for stop, recurrent in cache_state.take_stopped(state.trunk, stops).items():
@@ -134,6 +141,20 @@ class Generation:
         self.stats.prefill_s = time.perf_counter() - t0
         self.state = state
         self.last_hidden = last_hidden
+
+    def _chunk(self, prompt: list[int], begin: int, end: int, state: TurnState, yield_to) -> mx.array:
+        """One prefill chunk; stepped aside from (preemption.SteppedAside), its caches are as before it."""
+        threads = self.runner.small_forwards() if end - begin <= ONE_THREAD_UP_TO else contextlib.nullcontext()
+        if yield_to is None:
+            with threads:
+                return self._prefill_chunk(prompt, begin, end, state)
+        marked = preemption.marks(state.trunk)
+        try:
+            with threads, preemption.preemptible(yield_to):
+                return self._prefill_chunk(prompt, begin, end, state)
+        except preemption.SteppedAside:
+            preemption.roll_back(state.trunk, marked)
+            raise
 
     def _prefill_chunk(self, prompt: list[int], begin: int, end: int, state: TurnState):
         """Feed prompt[begin:end] to the trunk (and its pairs to the MTP head); evaluate the caches."""

@@ -10,7 +10,7 @@ import os
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from mtplx.engine import compiled, gdn_capture
+from mtplx.engine import compiled, gdn_capture, preemption
 from mtplx.engine.checkpoint import Checkpoint
 from mtplx.engine.compute import blas_threads
 from mtplx.errors import ModelLoadError
@@ -58,6 +58,10 @@ class ModelRunner:
         # forward itself at once.
         self._eager = str(checkpoint.extras.get("layout") or "").startswith("pp")
         self._steps = compiled.build(self.inner) if on_cpu and not self.sharded else None
+        # Background prefills step aside between layers for an arriving request (preemption.py);
+        # a sharded trunk's ranks must run every forward whole, in lockstep.
+        if not self.sharded:
+            preemption.install(getattr(self.inner, "layers", []))
         self.agree = None  # set on sharded ranks: every rank takes rank 0's logits (distributed/lockstep.py)
         self._head_steps = compiled.build_head(self.mtp) if on_cpu else None
 
