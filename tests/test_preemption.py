@@ -64,3 +64,59 @@ def test_a_request_forward_never_asks():
         preemption.between_layers(mx.ones(2))
     preemption.between_layers(mx.ones(2))
     assert asked == [1]
+
+
+def test_a_request_arriving_mid_chunk_is_served_before_the_render_ahead_resumes(tmp_path):
+    """The engine asks between layers only for requests: a request submitted while a render-ahead
+    chunk computes makes it step aside, is served, and the render-ahead then resumes and completes;
+    the request's output is what it is without any render-ahead."""
+    from mtplx.bank.bank import BankConfig
+    from mtplx.catalog import resolve
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.events import Finished, Restored
+    from mtplx.replay.live_agent import AgentSession
+    from mtplx.synth.agent import Sizes, conversation
+    from mtplx.synth.corpus import Corpus
+
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=16), name="tiny-dense", bank=BankConfig()).start()
+    plain = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=16), name="tiny-dense").start()
+    order, stepped, extra = [], [], []
+    engine.listeners.append(lambda e: order.append(type(e).__name__) if isinstance(e, (Restored, Finished)) else None)
+    roll_back = preemption.roll_back
+
+    def counted(cache, marked):
+        stepped.append(1)
+        order.append("stepped aside")
+        roll_back(cache, marked)
+
+    between = preemption.between_layers
+    request = GenerationRequest(tuple(engine.checkpoint.tokenizer.encode("An unrelated question about sorting.")),
+                                SamplingParams(max_tokens=8), session="other")
+
+    def arrive(x):  # inside a render-ahead chunk: a client's request lands now, once
+        if preemption._check is not None and not extra:
+            extra.append(engine.submit(request))
+        between(x)
+
+    try:
+        session = AgentSession("agent", conversation(305, Corpus(), Sizes(20, 60), 3))
+        prompt, chat = session.next_request(engine.checkpoint.tokenizer)
+        first = engine.submit(GenerationRequest(tuple(prompt), SamplingParams(max_tokens=64), chat=chat,
+                                                session="agent")).result()
+        engine.settle()  # the first turn's render-ahead (if any) is done: the next is the one interrupted
+        session.send_back(first.reply)
+        prompt, chat = session.next_request(engine.checkpoint.tokenizer)
+        preemption.roll_back, preemption.between_layers = counted, arrive
+        engine.submit(GenerationRequest(tuple(prompt), SamplingParams(max_tokens=64), chat=chat, session="agent")).result()
+        engine.settle()
+        preemption.roll_back, preemption.between_layers = roll_back, between
+        assert extra, "no render-ahead chunk ran after the turn"
+        served = extra[0].result()
+        at = order.index("stepped aside")
+        assert order[at + 1:at + 3] == ["Restored", "Finished"]  # stepped aside, then the request ran at once
+        assert engine.health()["idle_work"] is False  # the render-ahead resumed and ran to its end
+        assert served.token_ids == plain.submit(GenerationRequest(request.prompt, request.sampling)).result().token_ids
+    finally:
+        preemption.roll_back, preemption.between_layers = roll_back, between
+        engine.stop()
+        plain.stop()
