@@ -12,12 +12,17 @@ from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
 
 
-def _prefill(engine, prompt, yield_to=None):
+def _prefill(engine, prompt, yield_to=None, checkpoints=()):
     request = GenerationRequest(prompt, SamplingParams(max_tokens=1), source="render_ahead")
     gen = Generation(engine.runner, request, use_mtp=True, depth=1, chunk_size=32, eos_ids=set(), submitted_at=0.0)
+    gen.captured = {}
+
+    def keep(position, recurrent):  # the bank's checkpoint hook: recurrent arrays at `position`
+        gen.captured[position] = [np.array(a) for layer in recurrent if layer is not None for a in layer]
 
     def run():
-        stepped = sum(event is None for event in gen.prefill(StartPoint(), (), None, yield_to=yield_to))
+        events = gen.prefill(StartPoint(), checkpoints, keep if checkpoints else None, yield_to=yield_to)
+        stepped = sum(event is None for event in events)
         mx.eval([c.state for c in gen.state.trunk] + [gen.state.mtp.state, gen.last_hidden])
         return stepped, gen
 
@@ -51,6 +56,24 @@ def test_stepping_aside_mid_chunk_leaves_the_state_of_an_uninterrupted_prefill(e
     layers = len(engine.runner.inner.layers)
     assert stepped >= 2 and len(asked) > layers * 3  # asked at every layer, stepped aside several times
     assert interrupted.state.length == whole.state.length == len(prompt)
+    for a, b in zip(_arrays(interrupted), _arrays(whole), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_checkpoints_inside_a_chunk_survive_stepping_aside(engine):
+    """The bank's checkpoints inside a chunk (recurrent state kept mid-forward): a chunk undone
+    and retried captures them exactly once, equal to an uninterrupted prefill's."""
+    tok = engine.checkpoint.tokenizer
+    prompt = tuple(tok.apply_chat_template([{"role": "user", "content": "Summarise the receipts table. " * 10}],
+                                           add_generation_prompt=True))
+    checkpoints = (20, 45, 77)
+    _, whole = _prefill(engine, prompt, checkpoints=checkpoints)
+    asked = []
+    _, interrupted = _prefill(engine, prompt, lambda: asked.append(1) or len(asked) % 5 == 2, checkpoints)
+    assert sorted(interrupted.captured) == sorted(whole.captured) == list(checkpoints)
+    for p in checkpoints:
+        for a, b in zip(interrupted.captured[p], whole.captured[p], strict=True):
+            assert np.array_equal(a, b)
     for a, b in zip(_arrays(interrupted), _arrays(whole), strict=True):
         assert np.array_equal(a, b)
 
