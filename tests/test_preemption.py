@@ -117,7 +117,7 @@ def test_a_request_arriving_mid_chunk_is_served_before_the_render_ahead_resumes(
                                 SamplingParams(max_tokens=8), session="other")
 
     def arrive(x):  # inside a render-ahead chunk: a client's request lands now, once
-        if preemption._check is not None and not extra:
+        if preemption.active() and not extra:
             extra.append(engine.submit(request))
         between(x)
 
@@ -143,3 +143,17 @@ def test_a_request_arriving_mid_chunk_is_served_before_the_render_ahead_resumes(
         preemption.roll_back, preemption.between_layers = roll_back, between
         engine.stop()
         plain.stop()
+
+
+def test_one_engines_background_prefill_never_reaches_another_thread():
+    """Two engines in one process (the TUI's and a replay arm's, tests): one thread's background
+    block must not make the other thread's request forwards evaluate, ask or step aside."""
+    import threading
+
+    seen = []
+    with preemption.preemptible(lambda: True):
+        other = threading.Thread(target=lambda: seen.append((preemption.active(), preemption.between_layers(None))))
+        other.start()
+        other.join()
+        assert preemption.active()
+    assert seen == [(False, None)] and not preemption.active()

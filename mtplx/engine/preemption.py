@@ -16,12 +16,16 @@ GatedDeltaNet's) and in the compiled step loop, so it holds for any mlx-lm famil
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-_check: Callable[[], bool] | None = None  # set inside `preemptible` (engine thread only)
+# The check of the background prefill running on this thread. Per thread: a process may hold
+# several engines (the TUI's and a replay arm's, tests), each with its own thread, and one
+# engine's render-ahead must never make another's request step aside.
+_local = threading.local()
 _subclasses: dict[type, type] = {}
 
 
@@ -31,21 +35,26 @@ class SteppedAside(Exception):
 
 @contextlib.contextmanager
 def preemptible(check: Callable[[], bool]):
-    global _check
-    previous, _check = _check, check
+    previous, _local.check = getattr(_local, "check", None), check
     try:
         yield
     finally:
-        _check = previous
+        _local.check = previous
+
+
+def active() -> bool:
+    """Whether this thread runs a background prefill that may step aside."""
+    return getattr(_local, "check", None) is not None
 
 
 def between_layers(x: mx.array | None) -> None:
     """Called with each layer's input: inside `preemptible`, compute it and step aside if asked."""
-    if _check is None:
+    check = getattr(_local, "check", None)
+    if check is None:
         return
     if isinstance(x, mx.array):
         mx.eval(x)
-    if _check():
+    if check():
         raise SteppedAside
 
 
