@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -345,8 +346,10 @@ class Engine:
         # A request queued: render-ahead steps aside between layers (the dict read without the lock
         # is a hint; at worst one more layer runs). Calls (inspection, settle, the TUI's polls) wait
         # for the chunk: one that preempted would undo it, and a poll loop would starve the job.
+        # MTPLX_RENDER_AHEAD_PREEMPT=off: chunks run whole, as before (bench/render_ahead_wait.py compares).
+        whole = os.environ.get("MTPLX_RENDER_AHEAD_PREEMPT", "on").lower() in ("off", "0", "false")
         return BankExecutor(self.runner, self.bank, self.config.chunk_size,
-                            waiting=lambda: any(key != "__call__" for key in list(self._queues)))
+                            waiting=None if whole else lambda: any(key != "__call__" for key in list(self._queues)))
 
     def _start_scheduler(self) -> None:
         import os
