@@ -43,6 +43,6 @@ def test_a_tracker_never_builds_the_whole_vocabulary(monkeypatch):
     tracker = SegmentTracker(tokenizer)
     ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>", "<tool_call>", "</tool_call>"])
     assert tracker.opens == {ids[0]: "reasoning", ids[2]: "tool_call"} and tracker.closes == {ids[1], ids[3]}
-    from mtplx.engine.segments import token_id
+    from mtplx.vocab import token_id
 
     assert token_id(tokenizer, "<not a token>") is None

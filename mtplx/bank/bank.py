@@ -21,6 +21,7 @@ from mtplx.bank.entry import Entry
 from mtplx.bank.plan import (RestorePlan, attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
                              thin_checkpoints)
 from mtplx.bank.spans import message_spans, reuse_ceiling, same_reply
+from mtplx.vocab import token_id
 
 log = logging.getLogger("mtplx.bank")
 
@@ -119,7 +120,7 @@ class SessionBank:
         self.tokenizer, self.base_identity, self.recurrent = tokenizer, identity, recurrent
         self.config, self.ssd, self.notify = config, ssd, notify
         self.markers = Markers.from_tokenizer(tokenizer)
-        self.think_id = tokenizer.get_vocab().get("<think>")
+        self.think_id = token_id(tokenizer, "<think>")
         self.entries: dict[str, Entry] = {}
         self.evicted: deque[tuple[int, ...]] = deque(maxlen=32)
         self.outcomes: dict[str, Outcome] = {}

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from mtplx.vocab import token_id
+
 # Sentinel contents: plain words no template rewrites (trim, escaping) and no probe repeats.
 _SENT = ["qzxsentinel%d" % i for i in range(8)]
 
@@ -64,9 +66,8 @@ class Markers:
 
 
 def chatml(tokenizer) -> Markers:
-    vocab = tokenizer.get_vocab()
     nl = tokenizer.encode("\n", add_special_tokens=False)
-    return Markers(vocab.get("<|im_start|>"), vocab.get("<|im_end|>"), nl[0] if len(nl) == 1 else None,
+    return Markers(token_id(tokenizer, "<|im_start|>"), token_id(tokenizer, "<|im_end|>"), nl[0] if len(nl) == 1 else None,
                    tuple(tokenizer.encode("system", add_special_tokens=False)))
 
 

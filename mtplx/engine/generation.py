@@ -145,12 +145,10 @@ class Generation:
     def _chunk(self, prompt: list[int], begin: int, end: int, state: TurnState, yield_to) -> mx.array:
         """One prefill chunk; stepped aside from (preemption.SteppedAside), its caches are as before it."""
         threads = self.runner.small_forwards() if end - begin <= ONE_THREAD_UP_TO else contextlib.nullcontext()
-        if yield_to is None:
-            with threads:
-                return self._prefill_chunk(prompt, begin, end, state)
-        marked = preemption.marks(state.trunk)
+        background = preemption.preemptible(yield_to) if yield_to is not None else contextlib.nullcontext()
+        marked = preemption.marks(state.trunk) if yield_to is not None else None
         try:
-            with threads, preemption.preemptible(yield_to):
+            with threads, background:
                 return self._prefill_chunk(prompt, begin, end, state)
         except preemption.SteppedAside:
             preemption.roll_back(state.trunk, marked)

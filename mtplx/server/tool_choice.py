@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from mtplx.engine.tool_rule import ToolRule
 from mtplx.server.api_error import bad_request
+from mtplx.vocab import token_id
 
 OPEN_TAG = "<tool_call>"
 
@@ -73,9 +74,8 @@ class ToolRules:
 
         self.tokenizer, self.eos_ids = tokenizer, tuple(sorted(eos_ids))
         self.format = tool_format or TAGGED
-        vocab = tokenizer.get_vocab()
-        self.open = vocab.get(self.format.start or OPEN_TAG)
-        think = (vocab.get("<think>"), vocab.get("</think>"))
+        self.open = token_id(tokenizer, self.format.start or OPEN_TAG)
+        think = (token_id(tokenizer, "<think>"), token_id(tokenizer, "</think>"))
         self.think = think if None not in think else None
         self._blank = None
 
