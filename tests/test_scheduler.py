@@ -267,6 +267,47 @@ def test_ragged_cache_rows_round_trip(dense_engine):
     assert all(same)
 
 
+def test_a_ragged_write_lands_at_each_rows_own_end_and_masks_follow_the_lengths():
+    """One write of S tokens per row puts row b's at [lengths[b], lengths[b] + S) and nowhere
+    else; the mask every layer of the batch shares is rebuilt when a per-row trim moves the ends."""
+    from mlx_lm.models.cache import KVCache
+
+    from mtplx.engine.batch_cache import merge
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in (3, 7, 0):
+        layers = []
+        for _ in range(2):
+            cache = KVCache()
+            if n:
+                cache.update_and_fetch(mx.array(rng.normal(size=(1, 2, n, 4)), mx.float32),
+                                       mx.array(rng.normal(size=(1, 2, n, 4)), mx.float32))
+            layers.append(cache)
+        rows.append(layers)
+    before = [[np.array(c.keys) if c.keys is not None else None for c in layers] for layers in rows]
+    merged = merge(rows)
+    first, second = merged
+    mask = first.make_mask(2)
+    assert second.make_mask(2) is mask  # built once for the whole batch
+    new = mx.array(rng.normal(size=(3, 2, 2, 4)), mx.float32)
+    keys, _ = first.update_and_fetch(new, new * 2)
+    keys = np.array(keys)
+    for b, n in enumerate((3, 7, 0)):
+        if n:
+            assert np.array_equal(keys[b, :, :n], before[b][0][0, :, :n])
+        assert np.array_equal(keys[b, :, n : n + 2], np.array(new[b]))
+    assert first.lengths == [5, 9, 2]
+    expected = np.arange(9)[None, None, None, :] <= np.array([3, 7, 0])[:, None, None, None] + np.arange(2)[None, None, :, None]
+    assert np.array_equal(np.array(mask), expected)
+    second.update_and_fetch(new, new)
+    first.trim_rows([1, 0, 2])
+    second.trim_rows([1, 0, 2])
+    again = first.make_mask(1)
+    assert np.array_equal(np.array(again), np.arange(10)[None, None, None, :] <= np.array([4, 9, 0])[:, None, None, None])
+    assert second.make_mask(1) is again
+
+
 def test_a_failing_batched_step_fails_its_rows_and_the_engine_serves_on(dense_engine, monkeypatch):
     def broken(self):
         raise RuntimeError("simulated failure in a batched step")

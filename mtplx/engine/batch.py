@@ -153,7 +153,9 @@ class DecodeBatch:
             steps.append(mx.argmax(self._masked(self.runner.logits(m)[:, -1]), axis=-1))
             if i < k - 1:
                 m = self.runner.draft_hidden(m, steps[-1][:, None], self.mtp)
-        return mx.stack(steps, axis=1), None
+        drafts = mx.stack(steps, axis=1)
+        mx.async_eval(drafts)  # the head computes while the verify graph is built (as a row alone)
+        return drafts, None
 
     def _draft(self, m: mx.array, specs, ks: list[int], k: int) -> tuple[list[list[int]], list[list]]:
         """Drafts drawn on the host, per row with its own sampler and tool rule."""

@@ -21,17 +21,20 @@ _STEP = 256  # buffer growth, in tokens (as KVCache grows)
 
 
 class RaggedKVCache:
-    def __init__(self, keys: mx.array | None, values: mx.array | None, lengths: list[int]):
+    def __init__(self, keys: mx.array | None, values: mx.array | None, lengths: list[int], masks: list | None = None):
         self.keys, self.values = keys, values  # (B, heads, capacity, dim)
         self.lengths = list(lengths)
         self.offset = mx.array(self.lengths)  # each row's position of its next token (RoPE reads it)
+        # [key, mask] shared by the layers of one batch: every layer sees the same lengths, so a
+        # forward builds its mask once, not once per layer (a decode step is dispatch-bound).
+        self.masks = masks if masks is not None else [None, None]
 
     @classmethod
-    def from_rows(cls, rows: list[KVCache]) -> "RaggedKVCache":
+    def from_rows(cls, rows: list[KVCache], masks: list | None = None) -> "RaggedKVCache":
         lengths = [r.offset for r in rows]
         ref = next((r for r in rows if r.keys is not None), None)
         if ref is None:
-            return cls(None, None, lengths)
+            return cls(None, None, lengths, masks)
         cap = (max(lengths) // _STEP + 1) * _STEP
         _, heads, _, dk = ref.keys.shape
         dv = ref.values.shape[3]
@@ -41,7 +44,7 @@ class RaggedKVCache:
             if r.offset:
                 keys[b : b + 1, :, : r.offset] = r.keys[..., : r.offset, :]
                 values[b : b + 1, :, : r.offset] = r.values[..., : r.offset, :]
-        return cls(keys, values, lengths)
+        return cls(keys, values, lengths, masks)
 
     def row(self, b: int) -> KVCache:
         """Row b as a one-sequence KVCache (a copy)."""
@@ -63,9 +66,12 @@ class RaggedKVCache:
             new_v = mx.zeros((B, heads, grow, values.shape[3]), values.dtype)
             self.keys = new_k if self.keys is None else mx.concatenate([self.keys, new_k], axis=2)
             self.values = new_v if self.values is None else mx.concatenate([self.values, new_v], axis=2)
-        for b, n in enumerate(self.lengths):
-            self.keys[b : b + 1, :, n : n + S] = keys[b : b + 1]
-            self.values[b : b + 1, :, n : n + S] = values[b : b + 1]
+        # One scatter per buffer, whatever the batch size: a decode step is dispatch-bound on the
+        # CPU, and a slice write per row was 2B ops per layer (put_along_axis broadcasts the
+        # (B, 1, S, 1) slot indices over heads and dims).
+        slots = (self.offset[:, None] + mx.arange(S)[None, :])[:, None, :, None]
+        self.keys = mx.put_along_axis(self.keys, slots, keys, axis=2)
+        self.values = mx.put_along_axis(self.values, slots, values, axis=2)
         self.lengths = [n + S for n in self.lengths]
         self.offset = mx.array(self.lengths)
         return self.keys[..., :need, :], self.values[..., :need, :]
@@ -75,10 +81,12 @@ class RaggedKVCache:
         and sees the slots up to itself; slots past a row's end (another row's tokens) never."""
         if window_size is not None:
             raise ValueError("a ragged batch cache has no sliding window")
-        lengths = mx.array(self.lengths)[:, None, None, None]
-        keys = mx.arange(max(self.lengths) + N)[None, None, None, :]
-        queries = mx.arange(N)[None, None, :, None]
-        return keys <= lengths + queries
+        key = (tuple(self.lengths), N)
+        if self.masks[0] != key:
+            keys = mx.arange(max(self.lengths) + N)[None, None, None, :]
+            queries = mx.arange(N)[None, None, :, None]
+            self.masks[:] = [key, keys <= self.offset[:, None, None, None] + queries]
+        return self.masks[1]
 
     @property
     def state(self):
@@ -100,10 +108,10 @@ class RaggedKVCache:
 
 def merge(layers: list[list]) -> list:
     """One batched cache from one-sequence caches (`layers[b]` is row b's list of layer caches)."""
-    out = []
+    out, masks = [], [None, None]
     for per_row in zip(*layers):
         if all(type(c) is KVCache for c in per_row):
-            out.append(RaggedKVCache.from_rows(list(per_row)))
+            out.append(RaggedKVCache.from_rows(list(per_row), masks))
         elif all(type(c) is ArraysCache for c in per_row):
             merged = ArraysCache(len(per_row[0].cache))
             for i in range(len(merged.cache)):
