@@ -63,6 +63,31 @@ def test_compiled_steps_equal_mlx_lm_forward(engine, capture):
     engine.call(work)
 
 
+def test_each_layer_step_is_handed_to_the_device_as_it_is_built(dense_engine, monkeypatch):
+    """A decode step starts every layer's compute before the next layer is built (one async_eval
+    per trunk layer, one per head step), bit-identical to building the step whole; a sharded
+    rank's head never evaluates early."""
+    handed = []
+    real = mx.async_eval
+    monkeypatch.setattr(mx, "async_eval", lambda *arrays: (handed.append(arrays[0].shape), real(*arrays)))
+
+    def step(pipeline: bool):
+        monkeypatch.setattr(compiled, "PIPELINE", pipeline)
+        runner = dense_engine.runner
+        cache, head = _pair(runner, list(range(10, 40)))[0]
+        handed.clear()
+        hidden = runner.hidden(mx.array([5, 6]), cache)
+        drafted = runner.draft_hidden(hidden, [7, 8], head)
+        mx.eval(hidden, drafted)
+        return len(handed), hidden, drafted, _state_arrays(cache)
+
+    calls_on, *on = dense_engine.call(lambda: step(True))
+    calls_off, *off = dense_engine.call(lambda: step(False))
+    assert calls_on == len(dense_engine.runner._steps.steps) + 1 and calls_off == 0
+    assert _same(on[0], off[0]) and _same(on[1], off[1]) and all(_same(x, y) for x, y in zip(on[2], off[2]))
+    assert compiled.build_head(dense_engine.runner.mtp, pipeline=False).pipeline is False
+
+
 def test_unknown_layers_keep_mlx_lm_forward():
     class Inner:
         embed_tokens = norm = None

@@ -17,6 +17,8 @@ reference), tested in tests/test_compiled_steps.py.
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gated_delta
@@ -29,6 +31,13 @@ from mtplx.engine import preemption
 from mtplx.engine.batch_cache import RaggedKVCache
 
 STEP_TOKENS = 16  # longer inputs (prefill chunks) run mlx-lm's forward
+# Hand each layer's output to the device as soon as it is built (mx.async_eval), so the stream
+# thread computes layer i while Python builds layer i+1. MLX's eval on the CPU keeps at most ~100
+# ops (10 scheduler tasks of 10) in flight and blocks the caller until the rest are dispatched, so
+# a step built whole and then evaluated pays its graph building (~0.2 ms a layer here) and its
+# compute one after the other; an async_eval of a whole draft chain blocks the same way. Measured
+# with bench/layer_pipeline.py. MTPLX_LAYER_PIPELINE=off builds each step whole, as before.
+PIPELINE = os.environ.get("MTPLX_LAYER_PIPELINE", "on").lower() not in ("off", "0", "false")
 
 
 class AttentionStep:
@@ -176,13 +185,17 @@ class StepForward:
         for step, c in zip(self.steps, cache):
             preemption.between_layers(x)  # a no-op outside a background prefill
             x = step(x, c)
+            if PIPELINE:
+                mx.async_eval(x)  # computes while the next layer is built (see PIPELINE)
         return x  # the last step applied the final norm
 
 
 class HeadStep:
     """The MTP head's step (MTPHead's input fusion, its one attention layer, its final norm)."""
 
-    def __init__(self, head):
+    def __init__(self, head, pipeline: bool = True):
+        self.pipeline = pipeline  # off on sharded ranks: an early eval could run a collective out of step
+
         def enter(hidden, embeds):
             return head.fc(mx.concatenate([head.pre_fc_norm_embedding(embeds), head.pre_fc_norm_hidden(hidden)], axis=-1))
 
@@ -193,7 +206,10 @@ class HeadStep:
         return type(cache) in (KVCache, RaggedKVCache) and _rows_fit(embeds.shape[0], [cache]) and embeds.shape[1] <= STEP_TOKENS
 
     def __call__(self, hidden: mx.array, embeds: mx.array, cache: KVCache) -> mx.array:
-        return self.step(hidden, cache, embeds)
+        out = self.step(hidden, cache, embeds)
+        if PIPELINE and self.pipeline:
+            mx.async_eval(out)  # a draft chain's next step is built while this one computes
+        return out
 
 
 def build(inner) -> StepForward | None:
@@ -207,7 +223,7 @@ def build(inner) -> StepForward | None:
     return StepForward(inner, steps)
 
 
-def build_head(head) -> HeadStep | None:
+def build_head(head, pipeline: bool = True) -> HeadStep | None:
     if head is None or head.array_mask or _step(head.layers[0]) is None or hasattr(head.layers[0], "linear_attn"):
         return None
-    return HeadStep(head)
+    return HeadStep(head, pipeline)

@@ -63,7 +63,7 @@ class ModelRunner:
         if not self.sharded:
             preemption.install(getattr(self.inner, "layers", []))
         self.agree = None  # set on sharded ranks: every rank takes rank 0's logits (distributed/lockstep.py)
-        self._head_steps = compiled.build_head(self.mtp) if on_cpu else None
+        self._head_steps = compiled.build_head(self.mtp, pipeline=not self.sharded) if on_cpu else None
 
     # -- caches -----------------------------------------------------------------------------
     def new_trunk_cache(self) -> list:
