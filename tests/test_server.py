@@ -55,6 +55,26 @@ def ask(text="Explain what src/ledger/events.py does"):
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny-dense"]
     assert httpx.get(server[0] + "/health").json()["status"] == "ok"
+    assert httpx.head(server[0] + "/health").status_code == 200  # supervisors probe with HEAD
+    # OpenAI's retrieve-model route: the served model's card; another name is a JSON 404
+    assert client.models.retrieve("tiny-dense").id == "tiny-dense"
+    missing = httpx.get(server[0] + "/v1/models/gpt-9")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"input": "hi"}),
+])
+def test_null_optional_fields_mean_their_defaults(server, route, body):
+    """Clients that serialise every field of their request model send unset ones as null."""
+    nulls = {"stream": None, "temperature": None, "top_p": None}
+    limit = {"/v1/responses": "max_output_tokens"}.get(route, "max_tokens")
+    r = httpx.post(server[0] + route, json=body | nulls | {limit: 4}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")  # null stream: not streamed
 
 
 def test_chat_non_stream_with_usage(client):

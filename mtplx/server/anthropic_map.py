@@ -10,7 +10,7 @@ from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished, Tokens
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_MEDIA, placeholder
-from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
+from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import from_anthropic
@@ -155,9 +155,7 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
     mapped = {k: body[k] for k in ("max_tokens", "temperature", "top_p", "top_k") if k in body}
     if "stop_sequences" in body:
         mapped["stop"] = body["stop_sequences"]
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("stream must be a boolean", "stream")
+    stream = stream_flag(body)
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
                     thinking_flag(body.get("thinking")), from_anthropic(body.get("tool_choice"), tools))
 

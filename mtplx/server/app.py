@@ -32,7 +32,7 @@ from mtplx.server.context import window_of
 from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
-from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from
+from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from, stream_flag
 from mtplx.server.turns import budget_headers, encode, events, session_from, submit
 
 log = logging.getLogger("mtplx.server")
@@ -101,7 +101,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         return raw, parse_json(raw)
 
     # -- plain routes -----------------------------------------------------------------------
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what some supervisors probe with
     async def health():
         # 503 once the engine cannot serve, so a supervisor or load balancer sees it.
         report = {"status": "ok" if engine.alive else "unavailable", "model": model_name, **engine.health()}
@@ -109,13 +109,24 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         report["compute"] = getattr(getattr(engine, "checkpoint", None), "extras", {}).get("compute")
         return JSONResponse(report, status_code=200 if engine.alive else 503)
 
-    @app.get("/v1/models")
-    async def models():
+    def model_card() -> dict:
         window = window_of(engine)  # context_window (+ max_model_len, as vLLM names it) is what a request may use
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mtplx",
-                                            **window.describe(), "max_model_len": window.tokens,
-                                            # whether it speculates, and if not, why (one sentence)
-                                            "mtp": engine.has_mtp, "mtp_notice": engine.checkpoint.mtp_notice}]}
+        return {"id": model_name, "object": "model", "created": 0, "owned_by": "mtplx",
+                **window.describe(), "max_model_len": window.tokens,
+                # whether it speculates, and if not, why (one sentence)
+                "mtp": engine.has_mtp, "mtp_notice": engine.checkpoint.mtp_notice}
+
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    # OpenAI's "retrieve model": some clients check the configured model this way before a turn.
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != model_name:
+            raise ApiError(404, f"model {model_id!r} is not served here; this server serves {model_name!r}",
+                           "model", "invalid_request_error", "model_not_found")
+        return model_card()
 
     @app.get("/metrics")
     async def prometheus():
@@ -169,9 +180,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         prompt_text = body.get("prompt")
         if not isinstance(prompt_text, str) or not prompt_text:
             raise bad_request("prompt must be a non-empty string", "prompt")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise bad_request("stream must be a boolean", "stream")
+        stream = stream_flag(body)
         if body.get("stream_options") is not None and not stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False

@@ -133,6 +133,17 @@ def parse_tools(raw, tool_choice) -> list[dict] | None:
     return raw or None
 
 
+def stream_flag(body: dict) -> bool:
+    """`stream` of a request body: a boolean, or null / absent for the default (false), as OpenAI
+    and Anthropic read it (clients that serialise unset fields send null)."""
+    stream = body.get("stream")
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise bad_request("stream must be a boolean", "stream")
+    return stream
+
+
 def _number(body: dict, name: str, kind=float, default=None):
     value = body.get(name, default)
     if value is None:
@@ -182,9 +193,7 @@ def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -
 def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> ChatCall:
     messages = parse_messages(body.get("messages"))
     tools = parse_tools(body.get("tools"), body.get("tool_choice"))
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("stream must be a boolean", "stream")
+    stream = stream_flag(body)
     options = body.get("stream_options")
     if options is not None and not stream:  # as OpenAI and vLLM answer: the options mean nothing here
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")

@@ -20,7 +20,7 @@ from mtplx.events import Finished, Tokens
 from mtplx.reply_stream import Piece
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import OPENAI_MEDIA, placeholder
-from mtplx.server.openai_request import ChatCall, _check_text, sampling_from
+from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
@@ -142,9 +142,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
     if body.get("max_output_tokens") is not None:
         mapped["max_tokens"] = body["max_output_tokens"]
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("stream must be a boolean", "stream")
+    stream = stream_flag(body)
     reasoning = body.get("reasoning")
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     thinking = False if effort in ("none", "minimal") else None
