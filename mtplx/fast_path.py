@@ -4,7 +4,8 @@ MLX's Linux CPU wheel calls a bundled reference BLAS (fp32 matmul ~6 GFLOP/s on 
 the `mkl` wheel from PyPI (a Linux x86_64 dependency of mtplx) does ~350. libmlx resolves
 `cblas_sgemm` through the global symbol scope first, so loading libmkl_rt with RTLD_GLOBAL
 *before* `mlx.core` is first imported routes every fp32 matmul to MKL — no LD_PRELOAD, no re-exec.
-`import mtplx` does that (see mtplx/__init__.py); a process that imported MLX earlier keeps the
+`import mtplx` does that (see mtplx/__init__.py), with the small-row kernel of mtplx/small_gemm.py
+ahead of MKL for products of 1-16 rows; a process that imported MLX earlier keeps the
 reference BLAS and says so. bf16 matmuls never reach BLAS on CPU, so on the CPU backend weights
 are cast to fp32 at load (when they fit in memory twice over).
 
@@ -22,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtplx import small_gemm
+
 ENV = "MTPLX_FAST_PATH"
 _MKL_NAMES = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so")
 
@@ -33,6 +36,8 @@ class Blas:
     kind: str
     library: str | None = None
     reason: str | None = None  # why not MKL, when that was wanted
+    kernel: bool = False  # the small-row kernel (mtplx/small_gemm.py) takes MLX's 1-16-row matmuls first
+    kernel_reason: str | None = None  # why not, when MKL is loaded without it
 
     def __post_init__(self):
         if self.kind not in ("mkl", "reference", "none"):
@@ -88,7 +93,7 @@ def activate() -> Blas:
     preloaded = next((p for p in os.environ.get("LD_PRELOAD", "").split(":") if "libmkl_rt" in p), None)
     if reason is None and preloaded:  # the loader put MKL first already, whatever was imported since
         _settle_env()
-        return Blas("mkl", library=preloaded)
+        return Blas("mkl", library=preloaded, kernel_reason="MKL was preloaded (LD_PRELOAD) ahead of it")
     if reason is None and "mlx.core" in sys.modules:
         reason = "mlx.core was imported before mtplx, so MLX already bound its reference BLAS"
     if reason is not None:
@@ -96,10 +101,21 @@ def activate() -> Blas:
     library = mkl_library()
     _settle_env()
     try:
-        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+        mkl = ctypes.CDLL(str(library))  # loaded, not yet in the global scope: nothing binds to it yet
     except OSError as exc:
         return Blas("reference", reason=f"{library} did not load ({exc})")
-    return Blas("mkl", library=str(library))
+    # The kernel goes into the global scope first, so MLX's cblas_sgemm resolves to it; it hands
+    # what it does not take to MKL, which joins the scope next (for every other BLAS routine).
+    kernel, why = small_gemm.load()
+    if kernel is not None:
+        small_gemm.attach(kernel, mkl)
+        global KERNEL
+        KERNEL = kernel
+    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    return Blas("mkl", library=str(library), kernel=kernel is not None, kernel_reason=why)
+
+
+KERNEL: ctypes.CDLL | None = None  # the loaded small-row kernel (benches switch it off and on)
 
 
 def predicted() -> str:
@@ -108,7 +124,9 @@ def predicted() -> str:
         return "metal"
     if not wanted():
         return "cpu, weights as stored, reference blas"
-    return "cpu fp32 + mkl" if _unavailable() is None else "cpu fp32 reference blas"
+    if _unavailable() is not None:
+        return "cpu fp32 reference blas"
+    return "cpu fp32 + mkl" + (" + small-row kernel" if small_gemm.unavailable() is None else "")
 
 
 def use_fp32(on_cpu: bool, fp32_bytes: int) -> bool:
@@ -127,7 +145,9 @@ def label(on_cpu: bool, dtype: str, blas: Blas) -> str:
     """'cpu fp32 + mkl', 'cpu bf16 reference blas', 'metal', ... for /health and `mtplx models`."""
     if not on_cpu:
         return "metal" if sys.platform == "darwin" else "gpu"
-    return f"cpu {dtype} + mkl" if blas.kind == "mkl" else f"cpu {dtype} reference blas"
+    if blas.kind != "mkl":
+        return f"cpu {dtype} reference blas"
+    return f"cpu {dtype} + mkl" + (" + small-row kernel" if blas.kernel else "")
 
 
 def rows_bitwise(blas: Blas) -> bool:

@@ -43,7 +43,7 @@ class ModelRunner:
         self.has_recurrent = any(hasattr(layer, "linear_attn") for layer in self.model.layers)
         # GatedDeltaNet prefill in matrix form where rows are not bitwise anyway (CPU fp32 on MKL):
         # it rounds differently from the step function (gdn_prefill.py). MTPLX_GDN_CHUNKED=off to compare.
-        chunked = (checkpoint.extras.get("compute") == "cpu fp32 + mkl"
+        chunked = (str(checkpoint.extras.get("compute")).startswith("cpu fp32 + mkl")
                    and os.environ.get("MTPLX_GDN_CHUNKED", "on").lower() not in ("off", "0", "false"))
         self.can_capture = gdn_capture.install(self.model, chunked) if self.has_recurrent else True
         # Short steps (decode, verify, draft) through compiled layers where the family is known;

@@ -1,0 +1,102 @@
+"""The small-row kernel in front of MKL (mtplx/small_gemm.py, mtplx/native/small_gemm.c)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from mtplx import fast_path, small_gemm
+
+pytestmark = pytest.mark.skipif(fast_path.KERNEL is None,
+                                reason=f"small-row kernel not active here: {fast_path.activate().kernel_reason}")
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+_i, _f, _p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+
+
+def _kernel() -> ctypes.CDLL:
+    lib = fast_path.KERNEL
+    lib.mtplx_small_sgemm.argtypes = [_i, _i, _i, _f, _p, _i, _p, _i, _f, _p, _i]
+    lib.cblas_sgemm.argtypes = [_i, _i, _i, _i, _i, _i, _f, _p, _i, _p, _i, _f, _p, _i]
+    return lib
+
+
+def _small(x: np.ndarray, w: np.ndarray, alpha=1.0, beta=0.0, c: np.ndarray | None = None) -> np.ndarray:
+    """C = alpha * x @ w.T + beta * C through the kernel; x and w may be row slices of wider arrays."""
+    m, k = x.shape
+    n = w.shape[0]
+    c = np.full((m, n), np.nan, np.float32) if c is None else c
+    _kernel().mtplx_small_sgemm(m, n, k, alpha, x.ctypes.data, x.strides[0] // 4, w.ctypes.data, w.strides[0] // 4,
+                                beta, c.ctypes.data, c.strides[0] // 4)
+    return c
+
+
+@pytest.mark.parametrize("k", [8, 9, 64, 257])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 130])
+def test_products_are_right_for_any_shape_and_stride(n, k):
+    rng = np.random.default_rng(n * 1000 + k)
+    wide_x = rng.standard_normal((16, k + 5)).astype(np.float32)  # rows longer than K: lda > K
+    wide_w = rng.standard_normal((n, k + 3)).astype(np.float32)
+    x, w = wide_x[:, :k], wide_w[:, :k]
+    for m in (1, 2, 3, 4, 5, 11, 16):
+        got = _small(x[:m], w)  # C starts as NaN: with beta 0 it must never be read
+        want = x[:m].astype(np.float64) @ w.T.astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_a_rows_result_does_not_depend_on_the_other_rows():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((16, 300)).astype(np.float32)
+    w = rng.standard_normal((50, 300)).astype(np.float32)
+    alone = np.concatenate([_small(x[i:i + 1], w) for i in range(16)])
+    for m in range(1, 17):  # a decode step, a verify of k + 1 tokens, a batch of rows x tokens
+        assert np.array_equal(_small(x[:m], w), alone[:m])
+
+
+def test_alpha_and_beta():
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((3, 40)).astype(np.float32), rng.standard_normal((5, 40)).astype(np.float32)
+    c = rng.standard_normal((3, 5)).astype(np.float32)
+    got = _small(x, w, alpha=0.5, beta=2.0, c=c.copy())
+    np.testing.assert_allclose(got, 0.5 * (x @ w.T) + 2.0 * c, rtol=1e-5, atol=1e-5)
+
+
+def test_calls_it_does_not_take_go_on_to_mkl():
+    """More rows than it takes, another layout, or a K under 8: the BLAS behind it answers."""
+    rng = np.random.default_rng(5)
+    lib = _kernel()
+    for m, n, k, tb in ((40, 30, 64, TRANS), (4, 30, 64, NO_TRANS), (4, 30, 5, TRANS)):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k) if tb == TRANS else (k, n)).astype(np.float32)
+        c = np.zeros((m, n), np.float32)
+        lib.cblas_sgemm(ROW_MAJOR, NO_TRANS, tb, m, n, k, 1.0, x.ctypes.data, k, w.ctypes.data, w.shape[1], 0.0,
+                        c.ctypes.data, n)
+        np.testing.assert_allclose(c, x @ (w.T if tb == TRANS else w), rtol=1e-4, atol=1e-4)
+
+
+def test_mlx_matmuls_run_through_it_and_the_switch_hands_them_back():
+    import mlx.core as mx
+
+    x, w = mx.random.normal((6, 256), key=mx.random.key(1)), mx.random.normal((640, 256), key=mx.random.key(2))
+    whole = x @ w.T
+    # Row by row equals all rows at once, bit for bit: the kernel's fixed summation order.
+    assert all(mx.array_equal(whole[i:i + 1], x[i:i + 1] @ w.T).item() for i in range(6))
+    small_gemm.set_enabled(fast_path.KERNEL, False)
+    try:
+        by_mkl = x @ w.T
+    finally:
+        small_gemm.set_enabled(fast_path.KERNEL, True)
+    assert mx.allclose(whole, by_mkl, rtol=1e-4, atol=1e-4).item()
+    assert fast_path.label(True, "fp32", fast_path.activate()) == "cpu fp32 + mkl + small-row kernel"
+
+
+def test_an_unbuildable_kernel_leaves_mkl_alone_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    kernel, why = small_gemm.load()
+    assert kernel is None and "could not build" in why
+    assert not list(tmp_path.rglob("*.so"))  # no half-built library left under any name
+    monkeypatch.setenv(small_gemm.ENV, "off")
+    assert small_gemm.load() == (None, f"{small_gemm.ENV}=off")
