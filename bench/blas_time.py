@@ -5,7 +5,9 @@ MTP decoding and of a 4-row batch, by call shape, next to each phase's wall time
 
 Each phase runs after a warm-up, in this process. MKL's verbose mode (one line per BLAS call, with
 the call's time) is switched on with mkl_verbose(1) only while a phase runs, and the C stdout it
-writes to is redirected to a file for that span. Printed per phase: wall seconds, tokens, the sum
+writes to is redirected to a file for that span. The small-row kernel (mtplx/small_gemm.py) is
+switched off for the run, so every product reaches MKL: this shows what MKL alone does with the
+row counts decoding hands it. Printed per phase: wall seconds, tokens, the sum
 of sgemm time and its share of the wall, then the heaviest shapes: rows x out x in, calls, µs per
 call and GFLOP/s. The verbose lines cost a few µs each, so the wall is a little inflated. Rows are
 what the MTP verify (k + 1 per sequence) and a batch (rows x tokens) multiply; MKL's rate at 1-16
@@ -27,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtplx import fast_path  # noqa: E402  (before MLX: loads MKL in this process)
+from mtplx import fast_path, small_gemm  # noqa: E402  (before MLX: loads MKL in this process)
 from mtplx.catalog import resolve  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
 from mtplx.engine.request import GenerationRequest  # noqa: E402
@@ -96,6 +98,8 @@ def main() -> None:
     if blas.kind != "mkl":
         sys.exit(f"needs the MKL fast path ({blas.reason})")
     lib = ctypes.CDLL(blas.library)
+    if fast_path.KERNEL is not None:  # every product to MKL, whose calls are what this counts
+        small_gemm.set_enabled(fast_path.KERNEL, False)
     engine = Engine(resolve(args.model), EngineConfig(depth=args.depth)).start()
     try:
         tok = engine.checkpoint.tokenizer
