@@ -89,6 +89,9 @@ def build() -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    for old in target.parent.glob("small_gemm-*.so"):  # builds of an earlier source (a loaded one stays mapped)
+        if old != target:
+            old.unlink(missing_ok=True)
     return target
 
 

@@ -4,7 +4,8 @@
    W (N x K) transposed. A decode step has M = 1, a verify k + 1, a batched round rows x tokens. On
    this kind of CPU MKL's sgemm for 2-16 rows runs at a fraction of its large-M rate (4 rows took
    1.6-2.5x one row inside decoding), while the product is one pass over W. This kernel reads each
-   group of three rows of W once and multiplies it with up to four rows of x held in registers.
+   group of three rows of W once and multiplies it with up to four rows of x held in registers; a
+   single row streams eight rows of W at a time.
 
    Each output is one dot product summed in a fixed order: eight lanes of fused multiply-adds over
    K, a fixed horizontal sum, then the K % 8 tail. The order never depends on M or N, so a row's
@@ -51,10 +52,38 @@ static void kern##MB(const float *a, int lda, const float *b0, const float *b1, 
 }
 KERNEL(1) KERNEL(2) KERNEL(3) KERNEL(4)
 
+// One row of a against eight rows of b: for a decode step (M = 1) the product is a stream through
+// the weights, and eight rows in flight keep more of memory's bandwidth busy than three. Each
+// output is still one accumulator over K in steps of 8, so its bits equal the 4-row kernel's.
+static void kern1x8(const float *a, const float *b, int ldb, int K, float *out) {
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * (size_t)ldb, *b3 = b + 3 * (size_t)ldb, *b4 = b + 4 * (size_t)ldb,
+                *b5 = b + 5 * (size_t)ldb, *b6 = b + 6 * (size_t)ldb, *b7 = b + 7 * (size_t)ldb;
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 x = _mm256_loadu_ps(a + k);
+        c0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b0 + k), c0); c1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b1 + k), c1);
+        c2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b2 + k), c2); c3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b3 + k), c3);
+        c4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b4 + k), c4); c5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b5 + k), c5);
+        c6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b6 + k), c6); c7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b7 + k), c7);
+    }
+    out[0] = hsum(c0); out[1] = hsum(c1); out[2] = hsum(c2); out[3] = hsum(c3);
+    out[4] = hsum(c4); out[5] = hsum(c5); out[6] = hsum(c6); out[7] = hsum(c7);
+    const float *rows[8] = {b0, b1, b2, b3, b4, b5, b6, b7};
+    for (int j = 0; j < 8; j++)
+        for (int kk = k; kk < K; kk++) out[j] += a[kk] * rows[j][kk];
+}
+
 void mtplx_small_sgemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                        float beta, float *C, int ldc) {
     float out[12];
-    for (int n = 0; n < N; n += 3) {
+    int n = 0;
+    if (M == 1)  // a decode step: eight rows of weights at a time, the last few below
+        for (; n + 8 <= N; n += 8) {
+            kern1x8(A, B + (size_t)n * ldb, ldb, K, out);
+            for (int j = 0; j < 8; j++) C[n + j] = beta == 0.0f ? alpha * out[j] : alpha * out[j] + beta * C[n + j];
+        }
+    for (; n < N; n += 3) {
         int nb = N - n < 3 ? N - n : 3;
         const float *b0 = B + (size_t)n * ldb, *b1 = nb > 1 ? b0 + ldb : b0, *b2 = nb > 2 ? b0 + 2 * (size_t)ldb : b0;
         for (int m = 0; m < M; m += 4) {
