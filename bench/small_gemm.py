@@ -2,7 +2,7 @@
 
     python bench/small_gemm.py [--models tiny-dense tiny-hybrid] [--depth 3] [--rounds 6] [--tokens 160] [--sessions 4]
 
-mtplx/small_gemm.py puts a C sgemm for 1-16 rows ahead of MKL. Its switch (small_gemm.set_enabled)
+mtplx/small_gemm.py puts a C sgemm for 1-32 rows ahead of MKL. Its switch (small_gemm.set_enabled)
 hands those products back to MKL, so both arms run on one engine and one set of weights. Rounds
 alternate the order of the arms (the machine's speed swings minute to minute). Per model, medians
 of: AR and MTP decode tok/s of one greedy sequence (two prompts), the aggregate tok/s of

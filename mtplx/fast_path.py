@@ -5,7 +5,7 @@ the `mkl` wheel from PyPI (a Linux x86_64 dependency of mtplx) does ~350. libmlx
 `cblas_sgemm` through the global symbol scope first, so loading libmkl_rt with RTLD_GLOBAL
 *before* `mlx.core` is first imported routes every fp32 matmul to MKL — no LD_PRELOAD, no re-exec.
 `import mtplx` does that (see mtplx/__init__.py), with the small-row kernel of mtplx/small_gemm.py
-ahead of MKL for products of 1-16 rows; a process that imported MLX earlier keeps the
+ahead of MKL for products of 1-32 rows; a process that imported MLX earlier keeps the
 reference BLAS and says so. bf16 matmuls never reach BLAS on CPU, so on the CPU backend weights
 are cast to fp32 at load (when they fit in memory twice over).
 
@@ -36,7 +36,7 @@ class Blas:
     kind: str
     library: str | None = None
     reason: str | None = None  # why not MKL, when that was wanted
-    kernel: bool = False  # the small-row kernel (mtplx/small_gemm.py) takes MLX's 1-16-row matmuls first
+    kernel: bool = False  # the small-row kernel (mtplx/small_gemm.py) takes MLX's 1-32-row matmuls first
     kernel_reason: str | None = None  # why not, when MKL is loaded without it
 
     def __post_init__(self):

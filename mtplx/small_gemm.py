@@ -1,4 +1,4 @@
-"""The small-row kernel: a C sgemm for 1-16 rows that takes MLX's decode-step matmuls before MKL.
+"""The small-row kernel: a C sgemm for 1-32 rows that takes MLX's decode-step matmuls before MKL.
 
 Why: inside decoding on this 2-core AMD box, MKL multiplied 4 rows in 1.6-2.5x the time of one
 (bench/blas_time.py), so an MTP verify over k+1 tokens cost about two AR steps and a batch's rows

@@ -48,10 +48,10 @@ def test_products_are_right_for_any_shape_and_stride(n, k):
 
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((16, 300)).astype(np.float32)
+    x = rng.standard_normal((32, 300)).astype(np.float32)
     w = rng.standard_normal((50, 300)).astype(np.float32)
-    alone = np.concatenate([_small(x[i:i + 1], w) for i in range(16)])
-    for m in range(1, 17):  # a decode step, a verify of k + 1 tokens, a batch of rows x tokens
+    alone = np.concatenate([_small(x[i:i + 1], w) for i in range(32)])
+    for m in range(1, 33):  # a decode step, a verify of k + 1 tokens, a batch of rows x tokens
         assert np.array_equal(_small(x[:m], w), alone[:m])
 
 

@@ -18,7 +18,7 @@ enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
 static sgemm_fn next_sgemm;  /* set by mtplx/small_gemm.py before MLX makes its first call */
 static int enabled = 1;     /* a switch for side-by-side measurement (bench/small_gemm.py) */
-int mtplx_small_rows = 16;  /* the most rows this kernel takes */
+int mtplx_small_rows = 32;  /* the most rows this kernel takes (beyond, MKL's packed kernels win) */
 
 static inline float hsum(__m256 v) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
