@@ -27,6 +27,7 @@ from pathlib import Path
 ENV = "MTPLX_SMALL_GEMM"
 SOURCE = Path(__file__).with_name("native") / "small_gemm.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared")
+LIBS = ("-ldl",)  # dlsym (in libc itself since glibc 2.34)
 
 
 def wanted() -> bool:
@@ -69,7 +70,7 @@ def _cache_dir() -> Path:
 
 def _built() -> Path:
     """Where this source, built with these flags, lives (the name changes when either does)."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + LIBS).encode()).hexdigest()[:16]
     return _cache_dir() / f"small_gemm-{digest}.so"
 
 
@@ -83,7 +84,7 @@ def build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler() or "cc", *FLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True,
+        subprocess.run([compiler() or "cc", *FLAGS, "-o", tmp, str(SOURCE), *LIBS], check=True, capture_output=True,
                        timeout=120)
         os.replace(tmp, target)
     finally:

@@ -11,8 +11,12 @@
    K, a fixed horizontal sum, then the K % 8 tail. The order never depends on M or N, so a row's
    result is the same alone, in a verify or in a batch. Every other call (more rows, other
    layouts, K < 8) goes to the BLAS set with mtplx_small_gemm_next (MKL's cblas_sgemm). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
@@ -110,6 +114,12 @@ void cblas_sgemm(int layout, int ta, int tb, int M, int N, int K, float alpha, c
         && K >= 8) {
         mtplx_small_sgemm(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
+    }
+    if (!next_sgemm)  /* not attached (a process that loaded this library by itself): the next one in scope */
+        next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+    if (!next_sgemm) {  /* a clear stop, not a jump to address 0 */
+        fprintf(stderr, "mtplx small-row kernel: no BLAS behind it for a %dx%dx%d sgemm\n", M, N, K);
+        abort();
     }
     next_sgemm(layout, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
