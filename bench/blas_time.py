@@ -28,18 +28,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mtplx import fast_path, small_gemm  # noqa: E402  (before MLX: loads MKL in this process)
 from mtplx.catalog import resolve  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
 from mtplx.engine.request import GenerationRequest  # noqa: E402
 from mtplx.engine.sampling import SamplingParams  # noqa: E402
+from concurrency import prompts as session_prompts  # noqa: E402  (the same sessions bench/concurrency.py runs)
 
 LINE = re.compile(r"MKL_VERBOSE SGEMM\((\w),(\w),(\d+),(\d+),(\d+),.*?\) ([\d.]+)(ns|us|ms|s) ")
 UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-TOPICS = ["Explain src/ledger/events.py and how the replay uses it", "List the tests of the parser module",
-          "Why does the build fail on the release branch?", "Rename the helper in utils and update every caller"]
-
 
 @contextlib.contextmanager
 def verbose_calls(lib, out: list):
@@ -102,9 +101,7 @@ def main() -> None:
         small_gemm.set_enabled(fast_path.KERNEL, False)
     engine = Engine(resolve(args.model), EngineConfig(depth=args.depth)).start()
     try:
-        tok = engine.checkpoint.tokenizer
-        prompts = [tuple(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
-                   for t in TOPICS[: args.sessions]]
+        prompts = session_prompts(engine, args.sessions)
         arms = [("ar", prompts[:1], False), (f"mtp depth {args.depth}", prompts[:1], True),
                 (f"{len(prompts)} at once", prompts, True)]
         for _, batch, mtp in arms:  # warm-up: compiles every step shape

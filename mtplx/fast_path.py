@@ -84,6 +84,9 @@ def _settle_env() -> None:
     os.environ.setdefault("KMP_BLOCKTIME", "0")
 
 
+KERNEL: ctypes.CDLL | None = None  # the loaded small-row kernel (benches switch it off and on)
+
+
 @functools.cache
 def activate() -> Blas:
     """Load MKL into the global symbol scope if it can still reach MLX; idempotent, ~1 ms."""
@@ -114,8 +117,6 @@ def activate() -> Blas:
     ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     return Blas("mkl", library=str(library), kernel=kernel is not None, kernel_reason=why)
 
-
-KERNEL: ctypes.CDLL | None = None  # the loaded small-row kernel (benches switch it off and on)
 
 
 def predicted() -> str:
