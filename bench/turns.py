@@ -11,7 +11,12 @@ Per model, each run measures on every server, interleaved so machine noise hits 
   new user message `--idle` seconds (0, 1, 5) after the final reply; cached / reuse ceiling per idle,
   mtplx vs mlx-lm on the fast path, and a PNG of TTFT per turn (`--chart`; needs matplotlib);
 - decode tok/s of a prose answer (no tools, so nothing is held back): (completion tokens - 1) /
-  (total - TTFT), client-side; a run whose first delta came late (held back) is left out.
+  (total - TTFT), client-side; a run whose first delta came late (held back) is left out. Decode
+  has its own phase per run: `--decodes` rounds, each one answer from every server back to back,
+  so the arms compared (MTP vs AR, mtplx vs mlx-lm) are measured seconds apart. Measured inside
+  each server's turn sequence they were a minute apart, and this VM's speed swings by up to 2x
+  over a minute: single decode figures ranged 150-350 tok/s for one server. The MTP/AR line
+  gives the ratio of medians and the median of the per-round ratios.
 
 Servers, each `mtplx serve` / `mlx_lm.server` in its own process: mtplx as users get it after
 `mtplx tune` (MTP at the depth the tuner chooses on this machine, measured at the start of each
@@ -108,15 +113,19 @@ def measure(client, url: str, cold, agent, pause: float) -> dict:
     first = stream_turn(client, url, body(msgs, tools, REPLY_TOKENS), {"x-session-id": "bench"})
     time.sleep(pause)
     append = stream_turn(client, url, body([*msgs, first.message, tool_msg], tools, 8), {"x-session-id": "bench"})
-    # Decode speed from a prose answer (no tools): servers hold a tool call back until it is
-    # complete, which would hide the decode time behind a late first delta.
-    d = stream_turn(client, url, body(with_nonce([msgs[0], {"role": "user", "content": QUESTION}]), None, REPLY_TOKENS), {})
-    decode_s = d.total_s - d.ttft_first_token_s
-    streamed = d.completion_tokens > 8 and d.ttft_first_token_s < 0.8 * d.total_s
     return {"cold_ttft": c.ttft_first_token_s, "cold_prompt": c.prompt_tokens,
             "append_ttft": append.ttft_first_token_s, "append_new": append.prompt_tokens - append.cached_tokens,
-            "append_prompt": append.prompt_tokens,
-            "decode_tps": (d.completion_tokens - 1) / decode_s if streamed else None, "decoded": d.completion_tokens}
+            "append_prompt": append.prompt_tokens}
+
+
+def decode(client, url: str, system: dict) -> dict:
+    """Decode speed from a prose answer (no tools): servers hold a tool call back until it is
+    complete, which would hide the decode time behind a late first delta."""
+    body = {"messages": with_nonce([system, {"role": "user", "content": QUESTION}]), "max_tokens": REPLY_TOKENS, "temperature": 0}
+    d = stream_turn(client, url, body, {})
+    streamed = d.completion_tokens > 8 and d.ttft_first_token_s < 0.8 * d.total_s
+    return {"decode_tps": (d.completion_tokens - 1) / (d.total_s - d.ttft_first_token_s) if streamed else None,
+            "decoded": d.completion_tokens}
 
 
 @contextlib.contextmanager
@@ -200,6 +209,7 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=1.0, help="Seconds between a reply and the append turn.")
     parser.add_argument("--idle", type=float, nargs="*", default=[0.0, 1.0, 5.0],
                         help="Strip turn: seconds between the final reply of a tool chain and the new user message.")
+    parser.add_argument("--decodes", type=int, default=3, help="Decode rounds per run (one answer from every server each).")
     parser.add_argument("--chart", type=Path, default=Path("build/bench/ttft_per_turn.png"),
                         help="PNG of TTFT per turn of the strip conversation (model name is added to the file name).")
     args = parser.parse_args()
@@ -212,6 +222,7 @@ def main() -> None:
         print(f"{model}: tuned depth {depth or 'ar'}", file=sys.stderr, flush=True)
         with servers(model, depth) as urls, httpx.Client(timeout=900) as client:
             rows = {label: [] for label in urls}
+            decodes = {label: [] for label in urls}
             strips = {label: {idle: [] for idle in args.idle} for label in STRIP_SERVERS if label in urls}
             for run in range(args.runs):
                 order = list(urls) if run % 2 == 0 else list(reversed(urls))
@@ -222,8 +233,12 @@ def main() -> None:
                         for idle in args.idle:
                             settle_all()
                             strips[label][idle].append(drive(client, urls[label][0], tok, idle))
+                for _ in range(args.decodes):
+                    for label in order:
+                        settle_all()
+                        decodes[label].append(decode(client, urls[label][0], agent[0][0]))
                 print(f"{model}: run {run + 1}/{args.runs} done", file=sys.stderr, flush=True)
-        report(model, urls, rows, depth)
+        report(model, urls, rows, decodes, depth)
         report_strip(model, strips, args.chart.with_name(f"{args.chart.stem}-{model}{args.chart.suffix}"))
 
 
@@ -232,9 +247,11 @@ def _median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def report(model: str, urls: dict, rows: dict, depth: int | None) -> None:
-    med = {label: {k: _median([r[k] for r in rs]) for k in rs[0]} for label, rs in rows.items()}
-    print(f"\n{model}: medians of {len(next(iter(rows.values())))} runs (client-side, streaming; noisy shared 2-core CPU)")
+def report(model: str, urls: dict, rows: dict, decodes: dict, depth: int | None) -> None:
+    med = {label: {k: _median([r[k] for r in rs]) for k in rs[0]} | {k: _median([d[k] for d in decodes[label]]) for k in decodes[label][0]}
+           for label, rs in rows.items()}
+    print(f"\n{model}: medians of {len(next(iter(rows.values())))} runs, decode of {len(next(iter(decodes.values())))} "
+          "answers per server (client-side, streaming; noisy shared 2-core CPU)")
     print(f"{'server':<22} {'compute':<24} {'cold TTFT':>10} {'(tokens)':>8} {'append TTFT':>12} {'(new tok)':>9} "
           f"{'decode tok/s':>12} {'(tokens)':>8}")
     for label, m in med.items():
@@ -247,7 +264,10 @@ def report(model: str, urls: dict, rows: dict, depth: int | None) -> None:
             print(f"  vs {peer:<19} cold TTFT mtplx/peer {mine['cold_ttft'] / p['cold_ttft']:.2f}   "
                   f"append TTFT mtplx/peer {mine['append_ttft'] / p['append_ttft']:.2f}   "
                   f"AR decode mtplx/peer {ar['decode_tps'] / p['decode_tps']:.2f}")
-    print(f"  MTP/AR decode (mtplx, tuned depth {depth or 'ar'}) {mine['decode_tps'] / ar['decode_tps']:.2f}")
+    paired = _median([m["decode_tps"] / a["decode_tps"] for m, a in zip(decodes["mtplx"], decodes["mtplx no-mtp"])
+                      if m["decode_tps"] and a["decode_tps"]])
+    print(f"  MTP/AR decode (mtplx, tuned depth {depth or 'ar'}) {mine['decode_tps'] / ar['decode_tps']:.2f} "
+          f"(median of per-round ratios {paired:.2f})")
     off = med.get("mtplx fast path off")
     if off:
         print(f"  fast path on/off (mtplx, MTP): cold TTFT {mine['cold_ttft'] / off['cold_ttft']:.2f}, "
