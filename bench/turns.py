@@ -209,7 +209,7 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=1.0, help="Seconds between a reply and the append turn.")
     parser.add_argument("--idle", type=float, nargs="*", default=[0.0, 1.0, 5.0],
                         help="Strip turn: seconds between the final reply of a tool chain and the new user message.")
-    parser.add_argument("--decodes", type=int, default=3, help="Decode rounds per run (one answer from every server each).")
+    parser.add_argument("--decodes", type=int, default=5, help="Decode rounds per run (one answer from every server each).")
     parser.add_argument("--chart", type=Path, default=Path("build/bench/ttft_per_turn.png"),
                         help="PNG of TTFT per turn of the strip conversation (model name is added to the file name).")
     args = parser.parse_args()
@@ -268,6 +268,8 @@ def report(model: str, urls: dict, rows: dict, decodes: dict, depth: int | None)
                       if m["decode_tps"] and a["decode_tps"]])
     print(f"  MTP/AR decode (mtplx, tuned depth {depth or 'ar'}) {mine['decode_tps'] / ar['decode_tps']:.2f} "
           f"(median of per-round ratios {paired:.2f})")
+    for label in ("mtplx", "mtplx no-mtp"):  # every answer, in order: how much the machine swung
+        print(f"    {label:<13} " + " ".join(f"{d['decode_tps']:.0f}" if d["decode_tps"] else "-" for d in decodes[label]))
     off = med.get("mtplx fast path off")
     if off:
         print(f"  fast path on/off (mtplx, MTP): cold TTFT {mine['cold_ttft'] / off['cold_ttft']:.2f}, "
