@@ -1,6 +1,10 @@
 """The small-row kernel on and off, side by side in one process: AR, MTP and several sessions at once.
 
     python bench/small_gemm.py [--models tiny-dense tiny-hybrid] [--depth 3] [--rounds 6] [--tokens 160] [--sessions 4]
+                               [--compare kernel|threads]
+
+`--compare threads` keeps the kernel on and switches its helper thread instead (big products
+shared in column chunks, small_gemm.set_threads).
 
 mtplx/small_gemm.py puts a C sgemm for 1-32 rows ahead of MKL. Its switch (small_gemm.set_enabled)
 hands those products back to MKL, so both arms run on one engine and one set of weights. Rounds
@@ -45,14 +49,20 @@ def measure(model: str, args) -> None:
                                         depth=args.depth, source="bench")
             return engine.submit(request).result()
 
+        def switch(on: bool) -> None:
+            if args.compare == "threads":
+                small_gemm.set_threads(fast_path.KERNEL, on)
+            else:
+                small_gemm.set_enabled(fast_path.KERNEL, on)
+
         speeds: dict = {}
         tokens: dict = {}
         for on in (False, True):  # warm-up: every step shape compiled under both arms
-            small_gemm.set_enabled(fast_path.KERNEL, on)
+            switch(on)
             decode(singles[0], True, 16), decode(singles[0], False, 16), run(engine, batch, 16)
         for r in range(args.rounds):
             for on in ((False, True) if r % 2 == 0 else (True, False)):
-                small_gemm.set_enabled(fast_path.KERNEL, on)
+                switch(on)
                 for p, ids in enumerate(singles):
                     for mtp in (True, False):
                         fin = decode(ids, mtp, args.tokens)
@@ -60,10 +70,11 @@ def measure(model: str, args) -> None:
                         tokens.setdefault((on, mtp, p), fin.token_ids)
                 speeds.setdefault((on, "together"), []).append(run(engine, batch, args.tokens)[0])
         small_gemm.set_enabled(fast_path.KERNEL, True)
+        small_gemm.set_threads(fast_path.KERNEL, small_gemm.threads_wanted())
         med = {k: statistics.median(v) for k, v in speeds.items()}
         print(f"{model}: depth {args.depth}, {args.tokens} greedy tokens, medians of {args.rounds} rounds "
               f"({len(singles)} prompts per round for one sequence)")
-        print(f"  {'kernel':<7} {'AR':>8} {'MTP':>8} {'MTP/AR':>7} {f'{args.sessions} at once':>11} {'vs MTP alone':>12}")
+        print(f"  {args.compare:<7} {'AR':>8} {'MTP':>8} {'MTP/AR':>7} {f'{args.sessions} at once':>11} {'vs MTP alone':>12}")
         for on in (False, True):
             print(f"  {'on' if on else 'off':<7} {med[(on, 'ar')]:8.1f} {med[(on, 'mtp')]:8.1f} "
                   f"{med[(on, 'mtp')] / med[(on, 'ar')]:7.2f} {med[(on, 'together')]:11.1f} "
@@ -72,7 +83,7 @@ def measure(model: str, args) -> None:
               f"{args.sessions} at once {med[(True, 'together')] / med[(False, 'together')]:.2f}x")
         same_mtp = all(tokens[(on, True, p)] == tokens[(on, False, p)] for on in (False, True) for p in range(len(singles)))
         same_arm = all(tokens[(True, m, p)] == tokens[(False, m, p)] for m in (True, False) for p in range(len(singles)))
-        print(f"  greedy tokens: MTP == AR {same_mtp}; kernel on == off {same_arm}")
+        print(f"  greedy tokens: MTP == AR {same_mtp}; {args.compare} on == off {same_arm}")
     finally:
         engine.stop()
 
@@ -84,6 +95,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--compare", choices=["kernel", "threads"], default="kernel",
+                    help="what the two arms switch: the kernel itself, or its helper thread (kernel on)")
     args = ap.parse_args()
     if fast_path.KERNEL is None:
         sys.exit(f"the small-row kernel is not active here: {fast_path.activate().kernel_reason}")

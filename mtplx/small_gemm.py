@@ -11,6 +11,10 @@ How: compiled once per machine with the system C compiler (AVX2 + FMA) into the 
 loaded with RTLD_GLOBAL before MKL, so `cblas_sgemm` in MLX resolves to it; calls it does not take
 go on to MKL's `cblas_sgemm`. A missing compiler or CPU feature leaves MKL alone, with the reason
 in `Blas.kernel_reason`. Never imports MLX. MTPLX_SMALL_GEMM=off turns it off.
+
+Products big enough (a verify's or a batch's rows) are shared with one helper thread in column
+chunks: MLX's CPU stream computes on one thread while the engine's Python thread mostly waits on
+it. MTPLX_SMALL_GEMM_THREADS=off keeps them on the calling thread.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ import tempfile
 from pathlib import Path
 
 ENV = "MTPLX_SMALL_GEMM"
+THREADS_ENV = "MTPLX_SMALL_GEMM_THREADS"
 SOURCE = Path(__file__).with_name("native") / "small_gemm.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared")
-LIBS = ("-ldl",)  # dlsym (in libc itself since glibc 2.34)
+LIBS = ("-ldl", "-lpthread")  # dlsym, the helper thread (both in libc itself since glibc 2.34)
 
 
 def wanted() -> bool:
@@ -108,8 +113,21 @@ def load() -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def attach(kernel: ctypes.CDLL, blas: ctypes.CDLL) -> None:
-    """Hand the calls the kernel does not take to `blas`'s cblas_sgemm."""
+    """Hand the calls the kernel does not take to `blas`'s cblas_sgemm; share big products with a
+    second thread where this process may run on two cores or more."""
     kernel.mtplx_small_gemm_next(ctypes.cast(blas.cblas_sgemm, ctypes.c_void_p))
+    set_threads(kernel, threads_wanted())
+
+
+def threads_wanted() -> bool:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores >= 2 and os.environ.get(THREADS_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def set_threads(kernel: ctypes.CDLL, on: bool) -> None:
+    """Share products of at least `mtplx_small_split_macs` multiply-adds with the kernel's helper
+    thread (True) or run every product on the calling thread; results are the same bits."""
+    ctypes.c_int.in_dll(kernel, "mtplx_small_threads").value = 1 if on else 0
 
 
 def set_enabled(kernel: ctypes.CDLL, on: bool) -> None:

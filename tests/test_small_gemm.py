@@ -100,3 +100,46 @@ def test_an_unbuildable_kernel_leaves_mkl_alone_with_the_reason(monkeypatch, tmp
     assert not list(tmp_path.rglob("*.so"))  # no half-built library left under any name
     monkeypatch.setenv(small_gemm.ENV, "off")
     assert small_gemm.load() == (None, f"{small_gemm.ENV}=off")
+
+
+def test_a_product_shared_with_the_helper_thread_is_bit_identical():
+    """Column chunks computed by two threads give exactly the one-thread result (shapes that end
+    mid-chunk, every tile path), and products called from two threads at once stay right."""
+    import threading
+
+    lib = _kernel()
+    split = ctypes.c_long.in_dll(lib, "mtplx_small_split_macs")
+    threads = ctypes.c_int.in_dll(lib, "mtplx_small_threads")
+    saved = split.value, threads.value
+    rng = np.random.default_rng(11)
+    try:
+        split.value = 1
+        for m, n, k in ((1, 4096, 256), (2, 97, 64), (3, 200, 33), (4, 640, 256), (5, 130, 640), (16, 1000, 72),
+                        (32, 49, 8)):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            threads.value = 0
+            alone = _small(x, w)
+            threads.value = 1
+            for _ in range(3):
+                assert np.array_equal(_small(x, w), alone)
+        x = rng.standard_normal((8, 256)).astype(np.float32)
+        w = rng.standard_normal((2000, 256)).astype(np.float32)
+        want = _small(x, w)
+        results, errors = [], []
+
+        def caller():
+            try:
+                for _ in range(20):
+                    results.append(np.array_equal(_small(x, w), want))
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
+
+        workers = [threading.Thread(target=caller) for _ in range(3)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        assert not errors and len(results) == 60 and all(results)
+    finally:
+        split.value, threads.value = saved

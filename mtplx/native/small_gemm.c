@@ -14,9 +14,17 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <immintrin.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
@@ -92,8 +100,8 @@ static void store(float *C, int ldc, const float *out, int mb, int nb, int NB, f
         }
 }
 
-void mtplx_small_sgemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                       float beta, float *C, int ldc) {
+static void columns(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                    float beta, float *C, int ldc) {
     float out[12];
     if (M <= 3) {
         /* One block of rows with a tile as wide as twelve accumulators allow: every weight is read
@@ -121,6 +129,129 @@ void mtplx_small_sgemm(int M, int N, int K, float alpha, const float *A, int lda
         }
     }
 }
+
+/* A second thread for products big enough to share (a batch's or a verify's rows).
+
+   MLX's CPU stream runs every sgemm on one thread, and while it does the engine's Python thread
+   mostly waits for it: with several sequences decoding together the process used about one of
+   the two cores. So a helper thread takes column chunks of a product: the caller publishes the
+   product, both claim chunks of CHUNK columns from one atomic ticket, and the caller returns when
+   every chunk is done. The caller never waits for a chunk nobody claimed, so a helper that is
+   asleep or descheduled only means the caller computes more of it. Columns are independent
+   outputs, each summed in the same order as ever: the result is bit-identical to one thread.
+   After its last chunk the helper polls for SPIN_NS (yielding the core to any thread that wants
+   it), then sleeps on a futex until the next shared product. */
+int mtplx_small_threads = 1;          /* off: every product on the calling thread */
+long mtplx_small_split_macs = 131072; /* M * N * K from which a product is shared */
+enum { CHUNK = 48, SPIN_NS = 2000000 };
+
+static struct { int M, N, K; float alpha; const float *A; int lda; const float *B; int ldb; float beta; float *C; int ldc; } job;
+static _Atomic uint64_t ticket;  /* generation << 32 | chunks << 16 | next chunk */
+static atomic_int done;          /* chunks finished of the current generation */
+static atomic_int wake, asleep;  /* the helper's futex word, and whether it sleeps on it */
+static atomic_flag owner = ATOMIC_FLAG_INIT;  /* one shared product at a time; others run alone */
+static atomic_int helper;        /* 0 not started, 1 running, -1 could not start */
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* The next unclaimed chunk of the current product, or -1. A chunk claimed under a generation is
+   finished before its caller returns, so the job fields read after a claim are that product's. */
+static int claim(void) {
+    uint64_t t = atomic_load(&ticket);
+    for (;;) {
+        int next = (int)(t & 0xffff), count = (int)((t >> 16) & 0xffff);
+        if (next >= count)
+            return -1;
+        if (atomic_compare_exchange_weak(&ticket, &t, t + 1))
+            return next;
+    }
+}
+
+static void run_chunk(int c) {
+    int n0 = c * CHUNK, n = job.N - n0 < CHUNK ? job.N - n0 : CHUNK;
+    columns(job.M, n, job.K, job.alpha, job.A, job.lda, job.B + (size_t)n0 * job.ldb, job.ldb, job.beta, job.C + n0,
+            job.ldc);
+    atomic_fetch_add(&done, 1);
+}
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    long idle_since = now_ns();
+    for (;;) {
+        int c = claim();
+        if (c >= 0) {
+            run_chunk(c);
+            idle_since = now_ns();
+            continue;
+        }
+        if (now_ns() - idle_since < SPIN_NS) {
+            for (int i = 0; i < 32; i++) _mm_pause();
+            sched_yield();
+            continue;
+        }
+        int w = atomic_load(&wake);
+        atomic_store(&asleep, 1);
+        uint64_t t = atomic_load(&ticket);  /* published before `asleep` was seen: take it */
+        if ((int)(t & 0xffff) >= (int)((t >> 16) & 0xffff))
+            syscall(SYS_futex, &wake, FUTEX_WAIT_PRIVATE, w, NULL, NULL, 0);
+        atomic_store(&asleep, 0);
+        idle_since = now_ns();
+    }
+    return NULL;
+}
+
+static void forget_helper(void) { atomic_store(&helper, 0); atomic_store(&asleep, 0); atomic_flag_clear(&owner); }
+
+static int start_helper(void) {
+    int state = atomic_load(&helper);
+    if (state != 0)
+        return state > 0;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int ok = pthread_create(&t, &attr, helper_main, NULL) == 0;
+    pthread_attr_destroy(&attr);
+    if (ok)
+        pthread_atfork(NULL, NULL, forget_helper);  /* a forked child has no helper: start anew */
+    atomic_store(&helper, ok ? 1 : -1);
+    return ok;
+}
+
+void mtplx_small_sgemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                       float beta, float *C, int ldc) {
+    int count = (N + CHUNK - 1) / CHUNK;
+    if (!mtplx_small_threads || count < 2 || count > 0xffff || (long)M * N * K < mtplx_small_split_macs
+        || atomic_flag_test_and_set(&owner)) {
+        columns(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    if (!start_helper()) {
+        atomic_flag_clear(&owner);
+        columns(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    job.M = M; job.N = N; job.K = K; job.alpha = alpha; job.A = A; job.lda = lda; job.B = B; job.ldb = ldb;
+    job.beta = beta; job.C = C; job.ldc = ldc;
+    atomic_store(&done, 0);
+    uint64_t generation = (atomic_load(&ticket) >> 32) + 1;
+    atomic_store(&ticket, generation << 32 | (uint64_t)count << 16);
+    if (atomic_load(&asleep)) {
+        atomic_fetch_add(&wake, 1);
+        syscall(SYS_futex, &wake, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    }
+    int c;
+    while ((c = claim()) >= 0)
+        run_chunk(c);
+    while (atomic_load(&done) < count)
+        _mm_pause();
+    atomic_flag_clear(&owner);
+}
+
 
 void cblas_sgemm(int layout, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc) {
