@@ -3,11 +3,12 @@
     python bench/small_gemm_shapes.py [--rows 1 2 3 4 5 8 16 20] [--reps 7]
 
 For each weight shape (N x K, as MLX's Linear hands it to cblas_sgemm: x @ W.T) and row count M,
-the best of `--reps` timings of a burst of calls through the kernel and through MKL's own
-cblas_sgemm, in turn, in one process (the weights stay warm in cache, as they do between the
-layers of a tiny model). Prints microseconds per product, the kernel's GFLOP/s, kernel/MKL, and
-the kernel's cost at M rows over its cost at one row: what a verify over M = k + 1 tokens pays
-in matmul next to a decode step. Asserts nothing.
+the best of `--reps` timings of a burst of calls through the kernel on one thread, the kernel with
+its helper thread (as mtplx runs it on two cores or more) and MKL's own cblas_sgemm on one thread
+(as decoding runs it: engine/compute.blas_threads), in turn, in one process (the weights stay warm
+in cache, as they do between the layers of a tiny model). Prints microseconds per product, the
+kernel's GFLOP/s and its ratios, and its cost at M rows over its cost at one row: what a verify
+over M = k + 1 tokens pays in matmul next to a decode step. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -55,9 +56,23 @@ def main() -> None:
     if fast_path.KERNEL is None:
         sys.exit(f"the small-row kernel is not active here: {blas.kernel_reason or blas.reason}")
     kernel = _sgemm(fast_path.KERNEL.cblas_sgemm)
-    mkl = _sgemm(ctypes.CDLL(str(fast_path.mkl_library())).cblas_sgemm)  # MKL's own, not the scope's
+    mkl_lib = ctypes.CDLL(str(fast_path.mkl_library()))
+    mkl_lib.MKL_Set_Num_Threads(1)
+    mkl = _sgemm(mkl_lib.cblas_sgemm)  # MKL's own, not the scope's
+    threads = ctypes.c_int.in_dll(fast_path.KERNEL, "mtplx_small_threads")
+    helper = threads.value
+
+    def alone(*a):
+        threads.value = 0
+        try:
+            return timed(kernel, *a)
+        finally:
+            threads.value = helper
+
     rng = np.random.default_rng(0)
-    print(f"{'N x K':>10} {'M':>3} {'kernel us':>10} {'GFLOP/s':>8} {'MKL us':>8} {'kernel/MKL':>10} {'cost / M=1':>10}")
+    print(f"helper thread {'on' if helper else 'off (MTPLX_SMALL_GEMM_THREADS or one core)'}; MKL on one thread")
+    print(f"{'N x K':>10} {'M':>3} {'1 thread us':>11} {'helper us':>9} {'GFLOP/s':>8} {'MKL us':>8} "
+          f"{'helper/1':>8} {'kernel/MKL':>10} {'cost / M=1':>10}")
     for n, k in SHAPES:
         w = rng.standard_normal((n, k)).astype(np.float32)
         one = None
@@ -65,13 +80,14 @@ def main() -> None:
             x = rng.standard_normal((m, k)).astype(np.float32)
             c = np.empty((m, n), np.float32)
             ptrs = (x.ctypes.data, w.ctypes.data, c.ctypes.data)
-            mine = theirs = float("inf")
-            for _ in range(2):  # in turn, so a slow moment hits both
+            single = mine = theirs = float("inf")
+            for _ in range(2):  # in turn, so a slow moment hits all three
+                single = min(single, alone(m, n, k, *ptrs, args.reps))
                 mine = min(mine, timed(kernel, m, n, k, *ptrs, args.reps))
                 theirs = min(theirs, timed(mkl, m, n, k, *ptrs, args.reps))
             one = mine if m == args.rows[0] else one
-            print(f"{f'{n} x {k}':>10} {m:>3} {mine * 1e6:10.1f} {2 * m * n * k / mine / 1e9:8.1f} {theirs * 1e6:8.1f} "
-                  f"{mine / theirs:10.2f} {mine / one:10.2f}")
+            print(f"{f'{n} x {k}':>10} {m:>3} {single * 1e6:11.1f} {mine * 1e6:9.1f} {2 * m * n * k / mine / 1e9:8.1f} "
+                  f"{theirs * 1e6:8.1f} {mine / single:8.2f} {mine / theirs:10.2f} {mine / one:10.2f}")
 
 
 if __name__ == "__main__":
