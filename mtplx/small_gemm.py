@@ -30,6 +30,7 @@ from pathlib import Path
 
 ENV = "MTPLX_SMALL_GEMM"
 THREADS_ENV = "MTPLX_SMALL_GEMM_THREADS"
+SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"  # how long the idle helper polls before it sleeps (default 2000)
 SOURCE = Path(__file__).with_name("native") / "small_gemm.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared")
 LIBS = ("-ldl", "-lpthread")  # dlsym, the helper thread (both in libc itself since glibc 2.34)
@@ -117,6 +118,8 @@ def attach(kernel: ctypes.CDLL, blas: ctypes.CDLL) -> None:
     second thread where this process may run on two cores or more."""
     kernel.mtplx_small_gemm_next(ctypes.cast(blas.cblas_sgemm, ctypes.c_void_p))
     set_threads(kernel, threads_wanted())
+    if spin := os.environ.get(SPIN_ENV, "").strip():
+        ctypes.c_long.in_dll(kernel, "mtplx_small_spin_ns").value = max(0, int(float(spin) * 1000))
 
 
 def threads_wanted() -> bool:

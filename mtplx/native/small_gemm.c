@@ -139,11 +139,12 @@ static void columns(int M, int N, int K, float alpha, const float *A, int lda, c
    every chunk is done. The caller never waits for a chunk nobody claimed, so a helper that is
    asleep or descheduled only means the caller computes more of it. Columns are independent
    outputs, each summed in the same order as ever: the result is bit-identical to one thread.
-   After its last chunk the helper polls for SPIN_NS (yielding the core to any thread that wants
+   After its last chunk the helper polls for mtplx_small_spin_ns (yielding the core to any thread that wants
    it), then sleeps on a futex until the next shared product. */
 int mtplx_small_threads = 1;          /* off: every product on the calling thread */
 long mtplx_small_split_macs = 131072; /* M * N * K from which a product is shared */
-enum { CHUNK = 48, SPIN_NS = 2000000 };
+long mtplx_small_spin_ns = 2000000;   /* how long the idle helper polls before it sleeps */
+enum { CHUNK = 48 };
 
 static struct { int M, N, K; float alpha; const float *A; int lda; const float *B; int ldb; float beta; float *C; int ldc; } job;
 static _Atomic uint64_t ticket;  /* generation << 32 | chunks << 16 | next chunk */
@@ -188,7 +189,7 @@ static void *helper_main(void *unused) {
             idle_since = now_ns();
             continue;
         }
-        if (now_ns() - idle_since < SPIN_NS) {
+        if (now_ns() - idle_since < mtplx_small_spin_ns) {
             for (int i = 0; i < 32; i++) _mm_pause();
             sched_yield();
             continue;
