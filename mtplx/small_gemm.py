@@ -118,8 +118,16 @@ def attach(kernel: ctypes.CDLL, blas: ctypes.CDLL) -> None:
     second thread where this process may run on two cores or more."""
     kernel.mtplx_small_gemm_next(ctypes.cast(blas.cblas_sgemm, ctypes.c_void_p))
     set_threads(kernel, threads_wanted())
-    if spin := os.environ.get(SPIN_ENV, "").strip():
-        ctypes.c_long.in_dll(kernel, "mtplx_small_spin_ns").value = max(0, int(float(spin) * 1000))
+    if (spin := spin_ns()) is not None:
+        ctypes.c_long.in_dll(kernel, "mtplx_small_spin_ns").value = spin
+
+
+def spin_ns() -> int | None:
+    """MTPLX_SMALL_GEMM_SPIN_US in nanoseconds (None: unset, or not a number, which is ignored)."""
+    try:
+        return max(0, int(float(os.environ.get(SPIN_ENV, "").strip()) * 1000))
+    except (ValueError, OverflowError):
+        return None
 
 
 def threads_wanted() -> bool:

@@ -143,3 +143,13 @@ def test_a_product_shared_with_the_helper_thread_is_bit_identical():
         assert not errors and len(results) == 60 and all(results)
     finally:
         split.value, threads.value = saved
+
+
+def test_the_helpers_polling_time_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(small_gemm.SPIN_ENV, "150")
+    assert small_gemm.spin_ns() == 150_000
+    for bad in ("", "soon", "nan", "inf"):
+        monkeypatch.setenv(small_gemm.SPIN_ENV, bad)
+        assert small_gemm.spin_ns() is None  # ignored: the default stands, nothing fails at import
+    monkeypatch.setenv(small_gemm.SPIN_ENV, "-5")
+    assert small_gemm.spin_ns() == 0
