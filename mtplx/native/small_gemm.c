@@ -137,7 +137,8 @@ static void columns(int M, int N, int K, float alpha, const float *A, int lda, c
    the two cores. So a helper thread takes column chunks of a product: the caller publishes the
    product, both claim chunks of CHUNK columns from one atomic ticket, and the caller returns when
    every chunk is done. The caller never waits for a chunk nobody claimed, so a helper that is
-   asleep or descheduled only means the caller computes more of it. Columns are independent
+   asleep or busy elsewhere only means the caller computes more of it (one preempted in the middle
+   of a chunk holds the caller up to that chunk's end). Columns are independent
    outputs, each summed in the same order as ever: the result is bit-identical to one thread.
    After its last chunk the helper polls for mtplx_small_spin_ns (yielding the core to any thread that wants
    it), then sleeps on a futex until the next shared product. */
