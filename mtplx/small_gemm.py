@@ -37,7 +37,11 @@ LIBS = ("-ldl", "-lpthread")  # dlsym, the helper thread (both in libc itself si
 
 
 def wanted() -> bool:
-    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+    return _switched_on(ENV)
+
+
+def _switched_on(name: str) -> bool:
+    return os.environ.get(name, "on").strip().lower() not in ("off", "0", "false", "no")
 
 
 def compiler() -> str | None:
@@ -132,7 +136,7 @@ def spin_ns() -> int | None:
 
 def threads_wanted() -> bool:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores >= 2 and os.environ.get(THREADS_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+    return cores >= 2 and _switched_on(THREADS_ENV)
 
 
 def set_threads(kernel: ctypes.CDLL, on: bool) -> None:
