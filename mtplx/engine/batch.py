@@ -24,8 +24,7 @@ from mlx_lm.models.cache import KVCache
 from mtplx.engine import batch_cache, cache_state
 from mtplx.engine.batch_cache import RaggedKVCache
 from mtplx.engine.generation import Generation
-from mtplx.engine.sampling import probabilities
-from mtplx.engine.speculation import accept_drafts
+from mtplx.engine.speculation import accept_drafts, draw_draft
 
 
 class DecodeBatch:
@@ -148,35 +147,42 @@ class DecodeBatch:
 
     def _draft_lazy(self, m: mx.array, k: int) -> tuple[mx.array, None]:
         """k greedy drafts per row as a lazy (B, k) array (rows allowed fewer judge only theirs)."""
-        steps = []
+        runner, steps = self.runner, []
+        # Rows under a history-free rule draft from the whole vocabulary (the rule reads all of
+        # it); the others from the draft vocabulary, each row as it would alone.
+        ruled = [g.mask is not None for g in self.gens]
         for i in range(k):
-            steps.append(mx.argmax(self._masked(self.runner.logits(m)[:, -1]), axis=-1))
+            narrow = None if all(ruled) else runner.draft_token(mx.argmax(runner.draft_logits(m)[:, -1], axis=-1))
+            whole = mx.argmax(self._masked(runner.logits(m)[:, -1]), axis=-1) if any(ruled) else None
+            steps.append(whole if narrow is None else narrow if whole is None else
+                         mx.where(mx.array(ruled), whole, narrow))
             if i < k - 1:
-                m = self.runner.draft_hidden(m, steps[-1][:, None], self.mtp)
+                m = runner.draft_hidden(m, steps[-1][:, None], self.mtp)
         drafts = mx.stack(steps, axis=1)
         mx.async_eval(drafts)  # the head computes while the verify graph is built (as a row alone)
         return drafts, None
 
     def _draft(self, m: mx.array, specs, ks: list[int], k: int) -> tuple[list[list[int]], list[list]]:
-        """Drafts drawn on the host, per row with its own sampler and tool rule."""
+        """Drafts drawn on the host, per row with its own sampler and tool rule. A row without a
+        rule drafts over the draft vocabulary, as it would alone (speculation.draw_draft)."""
         runner = self.runner
         drafts, dists = [[] for _ in specs], [[] for _ in specs]
+        narrow = [s.shape is None and g.mask is None for s, g in zip(specs, self.gens)]
         for i in range(k):
-            logits = self._masked(runner.logits(m)[:, -1])
-            plain = [b for b, s in enumerate(specs) if i < ks[b] and s.params.greedy and s.shape is None]
-            picks = dict(zip(plain, mx.argmax(logits[mx.array(plain)], axis=-1).tolist())) if plain else {}
+            sub = runner.draft_logits(m)[:, -1] if any(narrow) else None
+            whole = self._masked(runner.logits(m)[:, -1]) if not all(narrow) else None
+            plain = [b for b, s in enumerate(specs) if i < ks[b] and narrow[b] and s.params.greedy]
+            picks = dict(zip(plain, runner.draft_token(mx.argmax(sub[mx.array(plain)], axis=-1)).tolist())) if plain else {}
             for b, s in enumerate(specs):
                 if i >= ks[b]:
                     token, q = 0, None  # past this row's budget: padding, never judged
                 elif b in picks:
                     token, q = picks[b], None
+                elif narrow[b]:
+                    token, q = draw_draft(runner, sub[b], s.sampler)
                 else:
-                    row = logits[b] if s.shape is None else s.shape(logits[b], drafts[b])
-                    if s.params.greedy:
-                        token, q = int(mx.argmax(row).item()), None
-                    else:
-                        q = probabilities(row, s.params)
-                        token = s.sampler.draw(q)
+                    row = whole[b] if s.shape is None else s.shape(whole[b], drafts[b])
+                    token, q = draw_draft(runner, row, s.sampler, whole=True)
                 drafts[b].append(token)
                 dists[b].append(q)
             if i < k - 1:

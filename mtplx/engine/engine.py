@@ -29,6 +29,10 @@ from mtplx.errors import EngineStopped, ModelLoadError, MtplxError, RequestError
 from mtplx.events import TERMINAL, BankDecision, EngineEvent, Failed, Finished, Queued
 from mtplx.reply_ids import ReplyIds
 
+# The draft vocabulary (draft_vocab.py) is used where the LM head is at least this share of a
+# draft step's multiply-adds: Qwen3-0.6B's is 0.9, the embedded models' 0.5.
+DRAFT_VOCAB_SHARE = 0.75
+
 log = logging.getLogger("mtplx.engine")
 
 
@@ -124,6 +128,7 @@ class Engine:
         self._active: dict[str, Submission] = {}  # admitted and not yet finished (guarded by _lock)
         self.died: str | None = None  # why the engine thread ended unexpectedly (None while healthy)
         self.ssd_error: str | None = None  # why the SSD tier could not be opened, if it could not
+        self.draft_vocab = None  # the tokens MTP drafts are projected onto (draft_vocab.py), learned here
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, timeout: float = 300) -> "Engine":
@@ -166,6 +171,10 @@ class Engine:
         out = {"engine": "ok" if self.alive else ("stopped" if self._stopping else "dead"), "busy": self.busy is not None}
         if self.died:
             out["engine_error"] = self.died
+        if self.draft_vocab is not None:
+            ids = self.draft_vocab.ids()
+            out["draft_vocab"] = {"tokens": len(ids) if ids else None, "of": self.draft_vocab.vocab_size,
+                                  "generated_seen": self.draft_vocab.seen, "new_rate": self.draft_vocab.new_rate()}
         if self.bank is not None:
             out["idle_work"] = bool(self.bank_executor and self.bank_executor.has_idle_work)  # render-ahead to run
             out["bank"] = self.bank.health()
@@ -289,6 +298,7 @@ class Engine:
             self.checkpoint = self._load()
             self.runner = ModelRunner(self.checkpoint)
             self.eos_ids = set(self.checkpoint.tokenizer.eos_token_ids)
+            self.draft_vocab = self._draft_vocab()
             self._start_scheduler()
             if self.bank_config is not None:
                 from mtplx.bank.bank import SessionBank
@@ -339,6 +349,28 @@ class Engine:
         from mtplx.engine.checkpoint import load_checkpoint
 
         return load_checkpoint(self.model_path, self.name)
+
+    def _draft_vocab(self):
+        """The draft vocabulary learned from this model's replies, kept in $MTPLX_HOME across
+        restarts; None without an MTP head, with MTPLX_DRAFT_VOCAB=off, or (auto, the default)
+        where the LM head is under DRAFT_VOCAB_SHARE of a draft step, so a set saves too little."""
+        from mtplx.engine.draft_vocab import DraftVocab
+        from mtplx.home import home_path
+
+        mode = os.environ.get("MTPLX_DRAFT_VOCAB", "auto").lower()
+        if not self.has_mtp or mode in ("off", "0", "false"):
+            return None
+        if mode not in ("on", "1", "true") and self.runner.lm_head_share() < DRAFT_VOCAB_SHARE:
+            return None
+        digest = hashlib.sha256(self.checkpoint.identity.encode()).hexdigest()[:12]
+        try:
+            path = home_path("draft-vocab", f"{digest}.json")
+        except OSError as exc:  # an unwritable home: learned anew each run, never a failed start
+            log.warning("the draft vocabulary is not kept across restarts: %s", exc)
+            path = None
+        vocab = DraftVocab(self.runner.vocab_rows, self.eos_ids, path)
+        self.runner.use_draft_ids(vocab.ids())
+        return vocab
 
     def _bank_executor(self):
         from mtplx.engine.bank_executor import BankExecutor
@@ -469,6 +501,10 @@ class Engine:
             if tail:
                 self._publish(seq.sub, Tokens(request.request_id, (), tail, gen.segments.current))
             self._publish(seq.sub, finished)
+            if self.draft_vocab is not None:
+                self.draft_vocab.observe_prompt(request.prompt)
+            if self.draft_vocab is not None and self.draft_vocab.observe(finished.token_ids):
+                self.runner.use_draft_ids(self.draft_vocab.ids())  # a new set: the next drafts use it
         finally:
             with self._lock:
                 self._active.pop(request.request_id, None)

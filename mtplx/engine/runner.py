@@ -5,9 +5,11 @@ The runner knows arrays and caches, never requests or events. Only the engine th
 
 from __future__ import annotations
 
+import copy
 import os
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mtplx.engine import compiled, gdn_capture, preemption
@@ -64,6 +66,59 @@ class ModelRunner:
             preemption.install(getattr(self.inner, "layers", []))
         self.agree = None  # set on sharded ranks: every rank takes rank 0's logits (distributed/lockstep.py)
         self._head_steps = compiled.build_head(self.mtp, pipeline=not self.sharded) if on_cpu else None
+        # The LM head's rows drafts are projected onto (draft_vocab.py); None: all of them.
+        self._project_module = self.embedding if tied else getattr(outer, "lm_head", None)
+        self.vocab_rows = self._project_module.weight.shape[0] if self._project_module is not None else 0
+        self.draft_ids: mx.array | None = None
+        self._draft_project = None
+
+    def lm_head_share(self) -> float:
+        """The LM head's share of a draft step's multiply-adds (head layer + LM head) at one
+        position, from parameter counts (a quantized weight counts its unpacked size)."""
+        if self.mtp is None or self._project_module is None:
+            return 0.0
+
+        def macs(module) -> int:
+            total = 0
+            for _, m in module.named_modules():
+                w = m.get("weight") if isinstance(m, nn.Module) else None
+                if w is None or w.ndim < 2:
+                    continue
+                total += w.size * (32 // m.bits if hasattr(m, "bits") else 1)
+            return total
+
+        head = sum(macs(getattr(self.mtp, name)) for name in ("fc",)) + macs(self.mtp.layers[0])
+        lm = macs(self._project_module)
+        return lm / (lm + head) if lm + head else 0.0
+
+    def use_draft_ids(self, ids: list[int] | None) -> bool:
+        """Project drafts onto these token ids from now on (None: the whole vocabulary). A
+        vocab-sharded or unknown LM head keeps the whole vocabulary; returns whether the set is used."""
+        module = self._project_module
+        if not ids or module is None or self.sharded or self.agree is not None \
+                or not isinstance(module, (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)):
+            self.draft_ids, self._draft_project = None, None
+            return False
+        rows = mx.array(ids, dtype=mx.uint32)
+        part = copy.copy(module)  # the same layer over fewer output rows (quantized rows slice alike)
+        for name in ("weight", "scales", "biases", "bias"):
+            if name in module:
+                part[name] = module[name][rows]
+        mx.eval(part.parameters())
+        self.draft_ids = rows
+        self._draft_project = part.as_linear if hasattr(part, "as_linear") else part
+        return True
+
+    def draft_logits(self, hidden: mx.array) -> mx.array:
+        """Logits a draft is chosen from: over `draft_ids` when set (map an index back with
+        `draft_token`), else the whole vocabulary, as `logits`."""
+        if self._draft_project is None:
+            return self.logits(hidden)
+        return self._head_transform(self._draft_project(hidden)).astype(mx.float32)
+
+    def draft_token(self, index: mx.array) -> mx.array:
+        """The token id of a `draft_logits` index (lazy, any shape)."""
+        return index if self.draft_ids is None else self.draft_ids[index]
 
     # -- caches -----------------------------------------------------------------------------
     def new_trunk_cache(self) -> list:

@@ -43,6 +43,23 @@ def accept_drafts(logits: mx.array, drafts: list[int], dists: list, sampler: Sam
     return len(drafts), sampler.draw(p[len(drafts)])
 
 
+def draw_draft(runner: ModelRunner, logits: mx.array, sampler: Sampler, whole: bool = False) -> tuple[int, mx.array | None]:
+    """One draft token from one position's logits, and its distribution q over the whole
+    vocabulary (None when greedy). `logits` are the runner's `draft_logits` (maybe over the draft
+    vocabulary) unless `whole`; a narrower q is zero outside it, which the acceptance test
+    min(1, p/q) and the residual max(0, p - q) handle exactly."""
+    narrowed = not whole and runner.draft_ids is not None
+    if sampler.params.greedy:
+        index = mx.argmax(logits)
+        return int((runner.draft_token(index) if narrowed else index).item()), None
+    q = probabilities(logits, sampler.params)
+    index = sampler.draw(q)
+    if not narrowed:
+        return index, q
+    token = int(runner.draft_ids[index].item())
+    return token, mx.zeros((runner.vocab_rows,), dtype=q.dtype).at[runner.draft_ids].add(q)
+
+
 def greedy_kept(drafts: list[int], targets: list[int]) -> int:
     """How many leading drafts equal the trunk's argmax at their position."""
     kept = 0
@@ -78,17 +95,17 @@ class Speculator:
         runner = self.runner
         m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
         drafts, dists = [], []
+        narrow = self.shape is None and self.mask is None  # a rule reads the whole vocabulary
         for i in range(k):
-            logits = self._masked(runner.logits(m)[0, -1])
-            if self.shape is not None:
-                logits = self.shape(logits, drafts)
-            if self.params.greedy:
-                drafts.append(int(mx.argmax(logits).item()))
-                dists.append(None)
+            if narrow:
+                token, q = draw_draft(runner, runner.draft_logits(m)[0, -1], self.sampler)
             else:
-                q = probabilities(logits, self.params)
-                drafts.append(self.sampler.draw(q))
-                dists.append(q)
+                logits = self._masked(runner.logits(m)[0, -1])
+                if self.shape is not None:
+                    logits = self.shape(logits, drafts)
+                token, q = draw_draft(runner, logits, self.sampler, whole=True)
+            drafts.append(token)
+            dists.append(q)
             if i < k - 1:
                 m = runner.draft_hidden(m, [drafts[-1]], self.state.mtp)
         return drafts, dists
@@ -100,7 +117,10 @@ class Speculator:
         m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
         drafts = []
         for i in range(k):
-            drafts.append(mx.argmax(self._masked(runner.logits(m)[0, -1:]), axis=-1))
+            if self.mask is None:
+                drafts.append(runner.draft_token(mx.argmax(runner.draft_logits(m)[0, -1:], axis=-1)))
+            else:
+                drafts.append(mx.argmax(self._masked(runner.logits(m)[0, -1:]), axis=-1))
             if i < k - 1:
                 m = runner.draft_hidden(m, drafts[-1], self.state.mtp)
         drafts = mx.concatenate(drafts)
