@@ -483,3 +483,36 @@ def test_head_cache_over_a_prompt_is_keys_only_and_exact(tmp_path, kind):
     for x, y in ((full.keys, keys_only.keys), (full.values, keys_only.values)):
         x, y = x[..., :40, :], y[..., :40, :]
         assert x.shape == y.shape and mx.array_equal(x, y).item()
+
+
+@pytest.mark.parametrize("row", ["qwen3-mlx-4bit", "qwen3_5-convert", "qwen3_next-convert"])
+def test_a_draft_vocabulary_over_a_quantized_lm_head(engines, row):
+    """A draft vocabulary's rows sliced from a quantized LM head (mlx-lm's tied 4-bit embedding,
+    mtplx convert's 4-bit lm_head) score those tokens as the whole head does; where the model
+    speculates, MTP greedy over the set still equals AR greedy."""
+    import mlx.core as mx
+    import numpy as np
+
+    engine = engines(row)
+    ids = [t for t in range(1536) if t % 3]
+
+    def compare():
+        runner = engine.runner
+        saved, engine.draft_vocab = engine.draft_vocab, None
+        assert runner.use_draft_ids(ids)
+        hidden = runner.hidden(list(range(5, 21)), runner.new_trunk_cache())
+        full, part = runner.logits(hidden)[..., runner.draft_ids], runner.draft_logits(hidden)
+        return saved, np.array(full), np.array(part)
+
+    saved, full, part = engine.call(compare)
+    try:
+        assert part.shape[-1] == len(ids) and np.allclose(full, part, rtol=1e-4, atol=1e-4)
+        if ROWS[row]:
+            prompt = tuple(engine.checkpoint.tokenizer.apply_chat_template(
+                [{"role": "user", "content": "Explain the cache module."}], add_generation_prompt=True))
+            params = SamplingParams(max_tokens=32, ignore_eos=True)
+            ar = engine.submit(GenerationRequest(prompt, params, use_mtp=False)).result()
+            mtp = engine.submit(GenerationRequest(prompt, params, use_mtp=True, depth=2)).result()
+            assert mtp.token_ids == ar.token_ids and mtp.stats.verify_calls > 0
+    finally:
+        engine.call(lambda: (setattr(engine, "draft_vocab", saved), engine.runner.use_draft_ids(saved and saved.ids())))
