@@ -22,7 +22,13 @@ from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
 from mtplx.settings import store_tuned
 
-PROMPT = [{"role": "user", "content": "Read src/parser/events.py and explain what it does."}]
+# One prompt per round, of different kinds: acceptance depends on what is being written (code,
+# prose, an edit), and a depth tuned on one kind of text overfits it.
+PROMPTS = [
+    [{"role": "user", "content": "Read src/parser/events.py and explain what it does."}],
+    [{"role": "user", "content": "In a few paragraphs, explain why a team writes unit tests and what makes one useful."}],
+    [{"role": "user", "content": "Rename the function load_config to read_settings and update every caller."}],
+]
 ROUNDS = 3
 
 
@@ -33,22 +39,23 @@ def tune_model(model: str, tokens: int = 128, save: bool = True, echo: Callable[
         if not engine.has_mtp:
             echo(f"{model} has no MTP weights: autoregressive decoding is its only mode")
             return {"ar": None}
-        ids = tuple(engine.checkpoint.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True))
+        prompts = [tuple(engine.checkpoint.tokenizer.apply_chat_template(p, add_generation_prompt=True)) for p in PROMPTS]
         deepest = step_costs.MAX_DEPTH
         arms = {"ar": (False, 1)} | {f"depth {d}": (True, d) for d in range(1, deepest + 1)}
 
-        def run(mtp: bool, depth: int, n: int = tokens):
+        def run(mtp: bool, depth: int, ids: tuple[int, ...], n: int = tokens):
             request = GenerationRequest(ids, SamplingParams(max_tokens=n, ignore_eos=True), use_mtp=mtp, depth=depth,
                                         source="tune")
             return engine.submit(request).result().stats
 
         for mtp, depth in arms.values():  # warm-up: compiles every step shape
-            run(mtp, depth, 16)
+            run(mtp, depth, prompts[0], 16)
         speeds: dict[str, list[float]] = {name: [] for name in arms}
         costs, acceptance, hosts = [], [], []
-        for _ in range(ROUNDS):
+        for r in range(ROUNDS):
+            ids = prompts[r % len(prompts)]  # every arm decodes the same prompt in a round
             for name, (mtp, depth) in arms.items():
-                stats = run(mtp, depth)
+                stats = run(mtp, depth, ids)
                 speeds[name].append(stats.decode_tps or 0.0)
                 if depth == deepest and mtp:
                     acceptance.append(stats.acceptance_by_depth)
