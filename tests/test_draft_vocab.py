@@ -4,7 +4,6 @@ outputs must stay exactly the model's (greedy) or distributed as the model's (sa
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import mlx.core as mx
 import numpy as np
@@ -14,7 +13,8 @@ from mtplx.engine.draft_vocab import ROUND_TO, DraftVocab
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import Sampler, SamplingParams, probabilities
 from mtplx.engine.speculation import accept_drafts
-from test_scheduler import batch_sizes  # noqa: F401  (a fixture: the rows of each batched step)
+from test_mtp_held_out import sampled_mtp_vs_ar
+from test_scheduler import assert_mixed_batch_equals_alone, batch_sizes  # noqa: F401  (batch_sizes: a fixture)
 
 
 def _prompt(engine, text: str) -> tuple[int, ...]:
@@ -145,22 +145,9 @@ def test_narrowed_mixed_batch_equals_alone(narrowed, tokenizer, batch_sizes):
     """Greedy rows of two depths, a seeded sampled row, a tool rule and a history-free mask share
     a batch: each row drafts over the set or the whole vocabulary exactly as it would alone, so
     each gets its own tokens."""
-    from mtplx.engine.tool_rule import ToolRule
-
-    p = [_prompt(narrowed, q) for q in ("List the files in src.", "What does parse_args do?", "Fix the failing test.", "Explain the cache.")]
-    rule = ToolRule("required", tokenizer.convert_tokens_to_ids("<tool_call>"), tuple(narrowed.eos_ids))
-    never = ToolRule("never", rule.call_open)
-    requests = lambda: [
-        GenerationRequest(p[0], SamplingParams(max_tokens=32, ignore_eos=True), depth=1, session="a"),
-        GenerationRequest(p[1], SamplingParams(max_tokens=32, ignore_eos=True), depth=3, session="b"),
-        GenerationRequest(p[2], SamplingParams(max_tokens=32, temperature=0.7, seed=3, ignore_eos=True), session="c"),
-        GenerationRequest(p[3], SamplingParams(max_tokens=32), depth=2, tool_rule=rule, session="d"),
-        GenerationRequest(p[0], SamplingParams(max_tokens=32), depth=2, tool_rule=never, session="e"),
-    ]
-    alone = [narrowed.submit(r).result().token_ids for r in requests()]
-    subs = [narrowed.submit(r) for r in requests()]
-    assert [s.result().token_ids for s in subs] == alone
-    assert max(batch_sizes) >= 3 and batch_sizes.modes == {"mtp"}
+    prompts = [_prompt(narrowed, q) for q in ("List the files in src.", "What does parse_args do?",
+                                               "Fix the failing test.", "Explain the cache.")]
+    assert_mixed_batch_equals_alone(narrowed, tokenizer, prompts, batch_sizes)
 
 
 def test_narrowed_sampled_mtp_matches_ar_distribution(dense_engine):
@@ -170,21 +157,11 @@ def test_narrowed_sampled_mtp_matches_ar_distribution(dense_engine):
     saved = dense_engine.call(lambda: (dense_engine.draft_vocab, setattr(dense_engine, "draft_vocab", None),
                                        dense_engine.runner.use_draft_ids(ids))[0])
     try:
-        prompt = _prompt(dense_engine, "Write a short note about caching.")
-        draws = {}
-        for mode in ("ar", "mtp"):
-            counts = Counter()
-            for seed in range(300):
-                fin = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=3, temperature=1.5, seed=seed),
-                                                            use_mtp=mode == "mtp", depth=2)).result()
-                counts[fin.token_ids[1:3]] += 1
-            draws[mode] = counts
+        support, tv = sampled_mtp_vs_ar(dense_engine, _prompt(dense_engine, "Write a short note about caching."), 300)
     finally:
         dense_engine.call(lambda: (setattr(dense_engine, "draft_vocab", saved),
                                    dense_engine.runner.use_draft_ids(saved and saved.ids())))
-    support = set(draws["ar"]) | set(draws["mtp"])
-    tv = sum(abs(draws["ar"][t] - draws["mtp"][t]) for t in support) / 600
-    assert len(support) > 3
+    assert support > 3
     assert tv < 0.25, tv
 
 

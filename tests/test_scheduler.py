@@ -80,9 +80,16 @@ def test_seeded_sampling_in_a_batch_equals_alone(engine, batch_sizes):
 def test_a_mixed_batch_equals_each_request_alone(engine, tokenizer, batch_sizes):
     """Rows that need the host between drafts (a sampled row, a tool rule) share a batch with plain
     greedy rows of other depths and a masked row: each row still gets exactly its tokens alone."""
+    alone, rule = assert_mixed_batch_equals_alone(engine, tokenizer, _prompts(engine), batch_sizes)
+    assert rule.call_open in alone[3]
+
+
+def assert_mixed_batch_equals_alone(engine, tokenizer, p, batch_sizes):
+    """Greedy rows of depths 1 and 3, a seeded sampled row, a "required" tool rule and a "never"
+    mask, run alone and then together: each row's tokens equal its own alone. Returns (the alone
+    outputs, the required rule)."""
     from mtplx.engine.tool_rule import ToolRule
 
-    p = _prompts(engine)
     rule = ToolRule("required", tokenizer.convert_tokens_to_ids("<tool_call>"), tuple(engine.eos_ids))
     never = ToolRule("never", rule.call_open)  # a turn without tools: a history-free mask, drafts stay lazy
     requests = lambda: [
@@ -96,7 +103,7 @@ def test_a_mixed_batch_equals_each_request_alone(engine, tokenizer, batch_sizes)
     subs = [engine.submit(r) for r in requests()]
     assert [s.result().token_ids for s in subs] == alone
     assert max(batch_sizes) >= 3 and batch_sizes.modes == {"mtp"}
-    assert rule.call_open in alone[3]
+    return alone, rule
 
 
 def test_greedy_rows_under_a_mask_batch_lazily_and_equal_alone(engine, tokenizer, batch_sizes, monkeypatch):
