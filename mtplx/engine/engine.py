@@ -172,8 +172,8 @@ class Engine:
         if self.died:
             out["engine_error"] = self.died
         if self.draft_vocab is not None:
-            ids = self.draft_vocab.ids()
-            out["draft_vocab"] = {"tokens": len(ids) if ids else None, "of": self.draft_vocab.vocab_size,
+            ids = self.runner.draft_ids  # what drafting uses now (None: every token)
+            out["draft_vocab"] = {"tokens": int(ids.size) if ids is not None else None, "of": self.draft_vocab.vocab_size,
                                   "generated_seen": self.draft_vocab.seen, "new_rate": self.draft_vocab.new_rate()}
         if self.bank is not None:
             out["idle_work"] = bool(self.bank_executor and self.bank_executor.has_idle_work)  # render-ahead to run
@@ -358,8 +358,8 @@ class Engine:
         from mtplx.home import home_path
 
         mode = os.environ.get("MTPLX_DRAFT_VOCAB", "auto").lower()
-        if not self.has_mtp or mode in ("off", "0", "false"):
-            return None
+        if not self.has_mtp or self.runner.sharded or mode in ("off", "0", "false"):
+            return None  # a sharded trunk's ranks keep the whole (vocab-sharded) LM head
         if mode not in ("on", "1", "true") and self.runner.lm_head_share() < DRAFT_VOCAB_SHARE:
             return None
         digest = hashlib.sha256(self.checkpoint.identity.encode()).hexdigest()[:12]
