@@ -502,7 +502,8 @@ class Engine:
                 self._publish(seq.sub, Tokens(request.request_id, (), tail, gen.segments.current))
             self._publish(seq.sub, finished)
             if self.draft_vocab is not None:
-                self.draft_vocab.observe_prompt(request.prompt)
+                # only what this turn added: the restored prefix was counted when it was new
+                self.draft_vocab.observe_prompt(request.prompt[finished.cached_tokens:])
             if self.draft_vocab is not None and self.draft_vocab.observe(finished.token_ids):
                 self.runner.use_draft_ids(self.draft_vocab.ids())  # a new set: the next drafts use it
         finally:
