@@ -101,9 +101,9 @@ class DraftVocab:
             return self._ids  # nearly covered: not worth a re-gather yet
         # Pad to the step size with the most frequent prompt tokens, then the lowest ids (BPE ids
         # roughly follow frequency).
-        pad = [t for t, _ in self.context.most_common(size) if t not in chosen][: size - len(chosen)]
-        pad += [t for t in range(size) if t not in chosen and t not in set(pad)][: size - len(chosen) - len(pad)]
-        return sorted(chosen | set(pad))
+        taken = chosen | set([t for t, _ in self.context.most_common(size) if t not in chosen][: size - len(chosen)])
+        low = (t for t in range(self.vocab_size) if t not in taken)
+        return sorted(taken | {next(low) for _ in range(size - len(taken))})
 
     # -- persistence ----------------------------------------------------------------------
     def as_dict(self) -> dict:

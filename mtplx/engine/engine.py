@@ -504,8 +504,8 @@ class Engine:
             if self.draft_vocab is not None:
                 # only what this turn added: the restored prefix was counted when it was new
                 self.draft_vocab.observe_prompt(request.prompt[finished.cached_tokens:])
-            if self.draft_vocab is not None and self.draft_vocab.observe(finished.token_ids):
-                self.runner.use_draft_ids(self.draft_vocab.ids())  # a new set: the next drafts use it
+                if self.draft_vocab.observe(finished.token_ids):
+                    self.runner.use_draft_ids(self.draft_vocab.ids())  # a new set: the next drafts use it
         finally:
             with self._lock:
                 self._active.pop(request.request_id, None)

@@ -79,15 +79,10 @@ class ModelRunner:
             return 0.0
 
         def macs(module) -> int:
-            total = 0
-            for _, m in module.named_modules():
-                w = m.get("weight") if isinstance(m, nn.Module) else None
-                if w is None or w.ndim < 2:
-                    continue
-                total += w.size * (32 // m.bits if hasattr(m, "bits") else 1)
-            return total
+            return sum(m["weight"].size * (32 // m.bits if hasattr(m, "bits") else 1)
+                       for _, m in module.named_modules() if "weight" in m and m["weight"].ndim >= 2)
 
-        head = sum(macs(getattr(self.mtp, name)) for name in ("fc",)) + macs(self.mtp.layers[0])
+        head = macs(self.mtp.fc) + macs(self.mtp.layers[0])
         lm = macs(self._project_module)
         return lm / (lm + head) if lm + head else 0.0
 
