@@ -132,6 +132,8 @@ def shape_rows(name: str, rounds: int) -> None:
     (a dense decoder layer at one position) and the LM head over all rows vs a set; and the LM
     head's share of the multiply-adds, which decides whether the engine uses a set by default."""
     import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import KVCache
     from mlx_lm.models.qwen3 import ModelArgs, TransformerBlock
 
     hidden, inter, heads, kv, head_dim, vocab = SHAPES[name]
@@ -141,7 +143,6 @@ def shape_rows(name: str, rounds: int) -> None:
     layer = TransformerBlock(args)
     embed = nn.Embedding(vocab, hidden)
     mx.eval(layer.parameters(), embed.parameters())
-    from mlx_lm.models.cache import KVCache
 
     x = mx.random.normal((1, 1, hidden))
     sets = {"all": embed.weight, "32k": embed.weight[:32768], "8k": embed.weight[:8192]}
@@ -159,8 +160,8 @@ def shape_rows(name: str, rounds: int) -> None:
                 mx.eval(mx.argmax(x[0] @ w.T, axis=-1))
             times[k].append((time.perf_counter() - t) / 50 * 1e3)
     med = {k: _median(v) for k, v in times.items()}
-    layer_macs = sum(v.size for _, v in __import__("mlx.utils", fromlist=["tree_flatten"]).tree_flatten(layer.parameters())
-                     if v.ndim == 2) + 2 * hidden * hidden  # + the head's fc (2H -> H)
+    layer_macs = sum(v.size for _, v in tree_flatten(layer.parameters()) if v.ndim == 2) \
+        + 2 * hidden * hidden  # + the head's fc (2H -> H)
     share = vocab * hidden / (vocab * hidden + layer_macs)
     full = med["layer"] + med["all"]
     print(f"{name} shape (hidden {hidden}, vocab {vocab}, LM head {share:.2f} of the step): head layer {med['layer']:.2f} ms, LM head all "
