@@ -183,7 +183,7 @@ def test_receipts_screen(snap_compare, tmp_path, size):
             await pilot.pause(0.05)
             if app.screen.query("#receipts") and app.screen.query_one("#receipts").row_count == 3:
                 break
-        await pilot.pause(0.3)  # the table sizes its columns on idle
+        await _settled(pilot, lambda: app.screen.query_one("#receipts"))  # the table sizes its columns on idle
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
@@ -349,6 +349,20 @@ def banked_engine():
     engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=32), name="tiny-dense", bank=BankConfig()).start()
     yield engine
     engine.stop()
+
+
+async def _settled(pilot, table, checks: int = 3):
+    """Wait until `table()`'s rows, column widths and size stop changing (a loaded machine lays it
+    out later than an idle one), then for one more idle pause."""
+    last, same = None, 0
+    for _ in range(200):
+        await pilot.pause(0.05)
+        t = table()
+        now = (t.row_count, tuple(c.get_render_width(t) for c in t.columns.values()), t.virtual_size, t.size)
+        same, last = (same + 1 if now == last else 0), now
+        if same >= checks:
+            break
+    await pilot.pause(0.1)
 
 
 async def _until(pilot, condition, what: str, steps: int = 600):
