@@ -29,6 +29,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtplx.damaged_file import is_damaged, set_aside
+
 log = logging.getLogger(__name__)
 _STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -152,13 +154,20 @@ class ReplyIds:
     def persist(self, path: Path) -> None:
         """Keep the records in `path` too, loading what an earlier process left; a file that cannot
         be used costs persistence, never a request."""
-        try:
-            db = sqlite3.connect(str(path), check_same_thread=False)
-            db.execute("create table if not exists replies (key text primary key, variants text, used integer)")
-            rows = db.execute("select key, variants from replies order by used desc limit ?", (self.capacity,)).fetchall()
-        except sqlite3.Error as exc:
-            log.warning("reply ids file %s unusable (%s); sent-back replies render as generated until restart", path, exc)
-            return
+        for attempt in range(2):
+            db = None
+            try:
+                db = sqlite3.connect(str(path), check_same_thread=False)
+                db.execute("create table if not exists replies (key text primary key, variants text, used integer)")
+                rows = db.execute("select key, variants from replies order by used desc limit ?", (self.capacity,)).fetchall()
+                break
+            except sqlite3.Error as exc:
+                if db is not None:
+                    db.close()
+                if attempt == 0 and is_damaged(exc) and set_aside(path, "reply ids file", exc):
+                    continue  # a fresh file: the records of this run persist again
+                log.warning("reply ids file %s unusable (%s); sent-back replies render as generated until restart", path, exc)
+                return
         with self.lock:
             for key, blob in reversed(rows):
                 try:

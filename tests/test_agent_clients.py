@@ -260,7 +260,9 @@ def test_response_store_is_bounded_and_survives_a_damaged_file(tmp_path):
     (tmp_path / "bad.db").write_bytes(b"not a database" * 100)
     damaged = ResponseStore(tmp_path / "bad.db")
     damaged.put("x", [])
-    assert damaged.get("x") == []  # served from memory
+    assert damaged.get("x") == []
+    assert ResponseStore(tmp_path / "bad.db").get("x") == []  # a fresh file replaced it: kept across a restart
+    assert [p.read_bytes() for p in tmp_path.glob("bad.db.damaged-*")] == [b"not a database" * 100]  # set aside
     with pytest.raises(ValueError):
         ResponseStore(capacity=0)
 

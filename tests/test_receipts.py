@@ -62,6 +62,15 @@ def test_locked_database_drops_the_row_without_raising(tmp_path):
     assert store.add(row()) is True
 
 
+def test_a_damaged_database_is_set_aside_and_receipts_go_on(tmp_path):
+    path = tmp_path / "receipts.db"
+    path.write_bytes(b"\x07" * 5000)  # not a database
+    store = ReceiptStore(path)
+    assert store.writable and store.add(row()) is True
+    assert len(ReceiptStore(path).rows()) == 1
+    assert [p.read_bytes() for p in tmp_path.glob("receipts.db.damaged-*")] == [b"\x07" * 5000]  # kept, not deleted
+
+
 def test_read_only_database_never_fails(tmp_path):
     path = tmp_path / "ro.db"
     ReceiptStore(path).add(row())

@@ -96,9 +96,13 @@ def test_the_store_survives_a_restart_and_a_damaged_file(tok, tmp_path):
     damaged = tmp_path / "damaged.db"
     damaged.write_bytes(b"not a database" * 100)
     third = AutoTokenizer.from_pretrained(str(resolve("tiny-dense")))
-    ReplyIds.of(third).persist(damaged)  # logged; the store lives in memory
+    ReplyIds.of(third).persist(damaged)  # set aside, a fresh file in its place
     ReplyIds.of(third).record(third, reply, ids)
     assert render(third, convo) == render(tok, convo)
+    assert [p.read_bytes() for p in tmp_path.glob("damaged.db.damaged-*")] == [b"not a database" * 100]
+    fourth = AutoTokenizer.from_pretrained(str(resolve("tiny-dense")))
+    ReplyIds.of(fourth).persist(damaged)
+    assert reply_key(reply) in ReplyIds.of(fourth).records  # the fresh file persisted the third's record
 
 
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])

@@ -15,6 +15,8 @@ from typing import Callable
 
 import sqlite_utils
 
+from mtplx.damaged_file import is_damaged, set_aside
+
 log = logging.getLogger("mtplx.receipts")
 
 COLUMNS = {
@@ -93,16 +95,29 @@ class ReceiptStore:
 
             path = home_path("receipts.db")
         self.path = path
+        self.writable = True
+        try:
+            self._open(path)
+        except sqlite3.Error as exc:
+            # A damaged file is set aside and a new store started (the turns to come keep their
+            # receipts); a read-only or locked one stays, readable where possible, writes dropped.
+            if str(path) != ":memory:" and is_damaged(exc) and set_aside(path, "receipt store", exc):
+                self._open(path)
+            else:
+                log.warning("receipt store %s is not writable (%s); receipts will not be saved", path, exc)
+                self.writable = False
+
+    def _open(self, path) -> None:
         conn = sqlite3.connect(str(path), timeout=2.0, check_same_thread=False, isolation_level=None)
         self.db = sqlite_utils.Database(conn)
-        self.writable = True
         try:
             if str(path) != ":memory:":
                 self.db.enable_wal()
             migrate(self.db)
-        except sqlite3.Error as exc:  # read-only or locked: readable where possible, writes dropped
-            log.warning("receipt store %s is not writable (%s); receipts will not be saved", path, exc)
-            self.writable = False
+        except sqlite3.Error as exc:
+            if is_damaged(exc):
+                conn.close()  # let go of the file before it is renamed
+            raise
 
     def add(self, row: dict) -> bool:
         """Insert one receipt; never raises. Returns whether it was stored."""
