@@ -14,7 +14,9 @@ import datetime
 import logging
 import sqlite3
 from pathlib import Path
+from typing import Callable, TypeVar
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -41,3 +43,15 @@ def set_aside(path: Path | str, what: str, exc: BaseException) -> Path | None:
         return None
     log.warning("%s %s was damaged (%s); kept as %s, starting a new one", what, path, exc, aside.name)
     return aside
+
+
+def opened(path: Path | str, what: str, open_file: Callable[[Path | str], T]) -> T:
+    """open_file(path); where that fails because the file is damaged, the file is set aside and
+    open_file runs once more on a fresh one. Any other error (and a second failure) propagates.
+    open_file closes what it opened before it raises."""
+    try:
+        return open_file(path)
+    except sqlite3.DatabaseError as exc:
+        if str(path) == ":memory:" or not is_damaged(exc) or set_aside(path, what, exc) is None:
+            raise
+    return open_file(path)

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtplx.damaged_file import is_damaged, set_aside
+from mtplx.damaged_file import opened
 
 log = logging.getLogger(__name__)
 _STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -154,20 +154,21 @@ class ReplyIds:
     def persist(self, path: Path) -> None:
         """Keep the records in `path` too, loading what an earlier process left; a file that cannot
         be used costs persistence, never a request."""
-        for attempt in range(2):
-            db = None
+        def load(file):
+            db = sqlite3.connect(str(file), check_same_thread=False)
             try:
-                db = sqlite3.connect(str(path), check_same_thread=False)
                 db.execute("create table if not exists replies (key text primary key, variants text, used integer)")
-                rows = db.execute("select key, variants from replies order by used desc limit ?", (self.capacity,)).fetchall()
-                break
-            except sqlite3.Error as exc:
-                if db is not None:
-                    db.close()
-                if attempt == 0 and is_damaged(exc) and set_aside(path, "reply ids file", exc):
-                    continue  # a fresh file: the records of this run persist again
-                log.warning("reply ids file %s unusable (%s); sent-back replies render as generated until restart", path, exc)
-                return
+                return db, db.execute("select key, variants from replies order by used desc limit ?",
+                                      (self.capacity,)).fetchall()
+            except sqlite3.Error:
+                db.close()
+                raise
+
+        try:  # a damaged file is set aside and a new one started: this run's records persist again
+            db, rows = opened(path, "reply ids file", load)
+        except sqlite3.Error as exc:
+            log.warning("reply ids file %s unusable (%s); sent-back replies render as generated until restart", path, exc)
+            return
         with self.lock:
             for key, blob in reversed(rows):
                 try:

@@ -15,7 +15,7 @@ from typing import Callable
 
 import sqlite_utils
 
-from mtplx.damaged_file import is_damaged, set_aside
+from mtplx.damaged_file import is_damaged, opened
 
 log = logging.getLogger("mtplx.receipts")
 
@@ -96,16 +96,11 @@ class ReceiptStore:
             path = home_path("receipts.db")
         self.path = path
         self.writable = True
-        try:
-            self._open(path)
-        except sqlite3.Error as exc:
-            # A damaged file is set aside and a new store started (the turns to come keep their
-            # receipts); a read-only or locked one stays, readable where possible, writes dropped.
-            if str(path) != ":memory:" and is_damaged(exc) and set_aside(path, "receipt store", exc):
-                self._open(path)
-            else:
-                log.warning("receipt store %s is not writable (%s); receipts will not be saved", path, exc)
-                self.writable = False
+        try:  # a damaged file is set aside and a new store started: the turns to come keep their receipts
+            opened(path, "receipt store", self._open)
+        except sqlite3.Error as exc:  # read-only or locked: readable where possible, writes dropped
+            log.warning("receipt store %s is not writable (%s); receipts will not be saved", path, exc)
+            self.writable = False
 
     def _open(self, path) -> None:
         conn = sqlite3.connect(str(path), timeout=2.0, check_same_thread=False, isolation_level=None)

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from mtplx.damaged_file import is_damaged, set_aside
+from mtplx.damaged_file import opened
 from mtplx.server.api_error import bad_request
 
 log = logging.getLogger(__name__)
@@ -30,21 +30,20 @@ class ResponseStore:
         self.db = self._open(path)
 
     def _open(self, path: Path | None) -> sqlite3.Connection:
-        for attempt in range(2 if path is not None else 0):
-            db = None
-            try:
-                db = sqlite3.connect(str(path), check_same_thread=False)
-                return self._schema(db)
-            except sqlite3.Error as exc:
-                if db is not None:
-                    db.close()
-                # A damaged file is set aside and a new one started; an unwritable one (or a second
-                # failure) leaves the responses in memory, kept until restart.
-                if attempt == 0 and is_damaged(exc) and set_aside(path, "response store", exc):
-                    continue
+        if path is not None:
+            try:  # a damaged file is set aside and a new one started
+                return opened(path, "response store", self._connect)
+            except sqlite3.Error as exc:  # unwritable: the responses live in memory until restart
                 log.warning("response store %s unusable (%s); previous_response_id lasts until restart", path, exc)
-                break
         return self._schema(sqlite3.connect(":memory:", check_same_thread=False))
+
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        db = sqlite3.connect(str(path), check_same_thread=False)
+        try:
+            return self._schema(db)
+        except sqlite3.Error:
+            db.close()
+            raise
 
     @staticmethod
     def _schema(db: sqlite3.Connection) -> sqlite3.Connection:
