@@ -26,6 +26,7 @@ class RotaryTable:
     def __init__(self, dims: int, base: float, scale: float):
         self.dims, self.half, self.base, self.scale = dims, dims // 2, base, scale
         self.rows = mx.zeros((0, 2, self.half), dtype=mx.float32)
+        self._ragged = (None, None)  # (lengths, length) -> rows: every layer of a batch's forward asks the same
 
     def _grow(self, needed: int) -> None:
         size = max(FIRST_ROWS, self.rows.shape[0])
@@ -45,8 +46,11 @@ class RotaryTable:
             self._grow(end)
         if lengths is None:
             return self.rows[offset:end]
-        positions = offset[:, None] + mx.arange(length)[None, :]
-        return self.rows[positions][:, None]
+        key = (tuple(lengths), length)
+        if self._ragged[0] != key:
+            positions = offset[:, None] + mx.arange(length)[None, :]
+            self._ragged = (key, self.rows[positions][:, None])
+        return self._ragged[1]
 
     def rotate(self, x: mx.array, rows: mx.array) -> mx.array:
         """x (..., L, D) rotated by `rows` from `at` (inside a compiled function: a few fused ops)."""
