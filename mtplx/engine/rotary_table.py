@@ -15,6 +15,7 @@ Only the non-interleaved layout that Qwen-family models use (`traditional=False`
 from __future__ import annotations
 
 import math
+import threading
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,7 +27,9 @@ class RotaryTable:
     def __init__(self, dims: int, base: float, scale: float):
         self.dims, self.half, self.base, self.scale = dims, dims // 2, base, scale
         self.rows = mx.zeros((0, 2, self.half), dtype=mx.float32)
-        self._ragged = (None, None)  # (lengths, length) -> rows: every layer of a batch's forward asks the same
+        # (thread, lengths, length) -> rows: every layer of a batch's forward asks the same (tables
+        # are shared per RoPE setting, so two engines in one process must not share a lazy gather)
+        self._ragged = (None, None)
 
     def _grow(self, needed: int) -> None:
         size = max(FIRST_ROWS, self.rows.shape[0])
@@ -46,7 +49,7 @@ class RotaryTable:
             self._grow(end)
         if lengths is None:
             return self.rows[offset:end]
-        key = (tuple(lengths), length)
+        key = (threading.get_ident(), tuple(lengths), length)
         if self._ragged[0] != key:
             positions = offset[:, None] + mx.arange(length)[None, :]
             self._ragged = (key, self.rows[positions][:, None])
