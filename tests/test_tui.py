@@ -352,14 +352,16 @@ def banked_engine():
 
 
 async def _settled(pilot, table, checks: int = 3):
-    """Wait until `table()`'s rows, column widths and size stop changing (a loaded machine lays it
-    out later than an idle one), then for one more idle pause."""
+    """Wait until `table()` has sized every column to its cells (a DataTable does that on idle, and
+    a loaded machine gets there later) and its layout has stopped changing, then one more pause."""
     last, same = None, 0
     for _ in range(200):
         await pilot.pause(0.05)
         t = table()
-        now = (t.row_count, tuple(c.get_render_width(t) for c in t.columns.values()), t.virtual_size, t.size)
-        same, last = (same + 1 if now == last else 0), now
+        sized = all(column.content_width >= max((len(str(v)) for v in t.get_column(key)), default=0)
+                    for key, column in t.columns.items())
+        now = (t.row_count, tuple(c.content_width for c in t.columns.values()), t.virtual_size, t.size)
+        same, last = (same + 1 if sized and now == last else 0), now
         if same >= checks:
             break
     await pilot.pause(0.1)
