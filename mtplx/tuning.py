@@ -3,7 +3,7 @@
 The choice comes from the cost model (engine/step_costs.py): c(1) and c(k+1) (trunk forwards over
 1 and k+1 tokens), the cost of one draft step, the engine's host time per step (from the AR
 requests' statistics) and acceptance by depth from a depth-4 run give a predicted MTP/AR for every depth; the
-best depth is kept if it beats AR. Step costs are medians of
+best depth is kept if it beats AR (a deeper depth only when predicted more than 5% faster). Step costs are medians of
 many interleaved forwards, which a noisy shared machine disturbs far less than whole decodes.
 The decode speed of every arm is measured too (medians of interleaved rounds) and printed next to
 the prediction; where an arm measured faster than the modelled pick in every round (and 5% faster

@@ -16,7 +16,9 @@ def test_tau_and_speedup_follow_acceptance_and_costs():
     acceptance = [0.9, 0.8, 0.7, 0.6]
     assert costs.tau(2, acceptance) == pytest.approx(2.7)
     assert costs.speedup(2, acceptance) == pytest.approx(2.7 / 1.5)
-    assert costs.best_depth(acceptance) == 4  # 3.0 / 2.0 = 1.5 beats depth 3's 3.4 / 1.75
+    # depth 4: 4.0 / 2.0 = 2.0, within 5% of depth 3's 3.4 / 1.75 = 1.94: the shallower one
+    assert costs.best_depth(acceptance) == 3
+    assert costs.best_depth([0.95, 0.95, 0.95, 0.95]) == 4  # 4.8 / 2.0 = 2.4 against 3.85 / 1.75 = 2.2
     assert costs.best_depth([0.9, 0.1, 0.0, 0.0]) == 1
 
 
