@@ -31,7 +31,7 @@ MAX_DEPTH = 4
 # acceptance of the deepest drafts, which varies most with what is being written (the tuner's
 # prompts are not the user's), and its verify multiplies rows in a batch of sessions, a cost this
 # single-sequence model leaves out. Seen here: the hybrid's depth 4, predicted 1.4% faster than
-# depth 3, served at 0.99-1.09x over three benchmark runs while depth 3 served at 1.02-1.37x.
+# depth 3, served at 0.99-1.09x over four benchmark runs while depth 3 served at 1.02-1.37x.
 SHALLOWER_WITHIN = 0.05
 
 
