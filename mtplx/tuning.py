@@ -118,5 +118,6 @@ def choose_depth(modelled: int | None, speeds: dict) -> int | None:
         ratios = [a / b if b else float("inf") for a, b in zip(arms[k], base)]
         return statistics.median(ratios) if ratios and min(ratios) > 1.0 else 0.0
 
-    best = max((k for k in arms if k != modelled), key=lead, default=modelled)
-    return best if best != modelled and lead(best) > CLEARLY_FASTER else modelled
+    leads = {k: lead(k) for k in arms if k != modelled}
+    best = max(leads, key=leads.get, default=modelled)
+    return best if best != modelled and leads[best] > CLEARLY_FASTER else modelled

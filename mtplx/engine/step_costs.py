@@ -73,9 +73,10 @@ class StepCosts:
         depth beats autoregressive decoding."""
         depths = range(1, min(MAX_DEPTH, len(acceptance)) + 1)
         speed = {k: self.speedup(k, acceptance) for k in depths}
-        if not speed or max(speed.values()) <= 1.0:
+        fastest = max(speed.values(), default=0.0)
+        if fastest <= 1.0:
             return None
-        return min(k for k in depths if speed[k] * (1 + SHALLOWER_WITHIN) >= max(speed.values()))
+        return min(k for k in depths if speed[k] * (1 + SHALLOWER_WITHIN) >= fastest)
 
 
 def host_per_step(stats) -> float:
