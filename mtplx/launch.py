@@ -17,9 +17,10 @@ from mtplx.settings import tuned_default
 
 def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int = 256,
                   context_window: int | None = None, max_batch: int | None = None) -> EngineConfig:
-    # `mtplx tune` stores under the loaded checkpoint's identity, which names an fp32 cast.
-    salted = tuned_default(model_identity(model_path, "fp32")) if predicted().startswith("cpu fp32") else None
-    tuned = salted or tuned_default(model_identity(model_path)) or {}
+    # `mtplx tune` stores under the loaded checkpoint's identity, which names an fp32 cast (and
+    # whether quantized layers were unpacked: compute.ComputePath.salt).
+    salts = ("fp32-unpacked", "fp32", "") if predicted().startswith("cpu fp32") else ("",)
+    tuned = next((found for salt in salts if (found := tuned_default(model_identity(model_path, salt)))), None) or {}
     use_mtp = False if no_mtp else tuned.get("mtp", True) if depth is None else True
     return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2),
                         context_window=context_window,

@@ -98,6 +98,32 @@ def engines(built):
         engine.stop()
 
 
+@pytest.fixture(scope="module")
+def packed_engines(built):
+    """Engines whose quantized layers stay packed (MTPLX_CPU_DEQUANTIZE=off), as on Metal: on the
+    CPU fast path they are unpacked at load (engine/compute.py), which `engines` gets."""
+    import os
+
+    from mtplx.engine.compute import DEQUANTIZE_ENV
+
+    live = {}
+
+    def get(row):
+        if row not in live:
+            path = resolve(built[0][row]) if row in built[0] else pytest.skip(f"{row}: ../shared fixtures absent")
+            before = os.environ.get(DEQUANTIZE_ENV)
+            os.environ[DEQUANTIZE_ENV] = "off"
+            try:
+                live[row] = Engine(path, EngineConfig(chunk_size=64, depth=2), name=row, bank=BankConfig()).start()
+            finally:
+                os.environ.pop(DEQUANTIZE_ENV) if before is None else os.environ.__setitem__(DEQUANTIZE_ENV, before)
+        return live[row]
+
+    yield get
+    for engine in live.values():
+        engine.stop()
+
+
 def _row(built, row):
     if row not in built[0]:
         pytest.skip(f"{row} needs the real Qwen3 tokenizer in ../shared/fixtures/tokenizers/qwen3 (absent)")
@@ -220,13 +246,16 @@ def test_head_loads_exactly_the_files_weights(tmp_path, kind):
         assert mx.abs(loaded[k].astype(mx.float32) - v.astype(mx.float32)).max().item() <= tol, k
 
 
-def test_quantized_head_loads_and_speculates(built, tmp_path):
-    """`convert --head-bits 8`: the head is quantized on disk and loads as quantized layers."""
+def test_quantized_head_loads_and_speculates(built, tmp_path, monkeypatch):
+    """`convert --head-bits 8`: the head is quantized on disk and loads as quantized layers
+    (kept packed here, as on Metal: the CPU fast path unpacks them, tests/test_dequantize.py)."""
     import mlx.nn as nn
 
     from mtplx.convert import convert
     from mtplx.engine.checkpoint import load_checkpoint
+    from mtplx.engine.compute import DEQUANTIZE_ENV
 
+    monkeypatch.setenv(DEQUANTIZE_ENV, "off")
     convert(built[0]["qwen3_5-hf"], tmp_path / "q", bits=4, group_size=64, head_bits=8)
     ck = load_checkpoint(tmp_path / "q")
     assert any(isinstance(m, nn.QuantizedLinear) for _, m in ck.mtp.named_modules())
@@ -486,14 +515,16 @@ def test_head_cache_over_a_prompt_is_keys_only_and_exact(tmp_path, kind):
 
 
 @pytest.mark.parametrize("row", ["qwen3-mlx-4bit", "qwen3_5-convert", "qwen3_next-convert"])
-def test_a_draft_vocabulary_over_a_quantized_lm_head(engines, row):
+def test_a_draft_vocabulary_over_a_quantized_lm_head(packed_engines, row):
     """A draft vocabulary's rows sliced from a quantized LM head (mlx-lm's tied 4-bit embedding,
     mtplx convert's 4-bit lm_head) score those tokens as the whole head does; where the model
     speculates, MTP greedy over the set still equals AR greedy."""
     import mlx.core as mx
+    import mlx.nn as nn
     import numpy as np
 
-    engine = engines(row)
+    engine = packed_engines(row)
+    assert any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in engine.checkpoint.model.named_modules())
     ids = [t for t in range(1536) if t % 3]
 
     def compare():

@@ -169,7 +169,7 @@ def load_checkpoint(path: Path, name: str | None = None, shard=None) -> Checkpoi
     if layout is not None:
         mx.eval(model.parameters())
     return Checkpoint(name=name or hub_cache.repo_id_of(path) or path.name, path=path, config=config, model=model,
-                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path, "fp32" if compute.cast else "") + (f"@{layout}" if layout else ""),
+                      tokenizer=tokenizer, mtp=mtp, identity=model_identity(path, compute.salt) + (f"@{layout}" if layout else ""),
                       model_type=model_type, extras={"moe_float32": moe_on_cpu, "compute": compute.label, "layout": layout},
                       generation=generation, mtp_notice=notice,
                       tool_format=tool_formats.detect(tokenizer))

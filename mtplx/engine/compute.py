@@ -4,6 +4,14 @@ MLX's CPU backend sends only fp32 matmuls to BLAS (MKL when mtplx/fast_path.py l
 runs in MLX's own scalar loops. So a bf16 checkpoint is cast to fp32 once, at load, when the
 fast path allows (mtplx.fast_path.use_fp32), and small forwards run MKL on one thread
 (blas_threads). Knows parameters, dtypes and BLAS threads, never requests.
+
+A quantized checkpoint (an MLX 4- or 8-bit conversion) is dequantized to fp32 there too: MLX's
+CPU `quantized_matmul` never reaches BLAS either, and a 4-bit tiny-dense decoded at ~0.3x the
+speed of its fp32 twin, where MTP did not pay at all (bench/dequantize.py). The same memory rule
+holds (the whole fp32 copy within half of physical memory), so a model that would not fit stays
+packed; MTPLX_CPU_DEQUANTIZE=off keeps it packed anyway (8x the weights' memory of 4-bit).
+Only plain quantized Linear and Embedding layers are unpacked; mixture-of-experts and sharded
+layers keep their own quantized kernels.
 """
 
 from __future__ import annotations
@@ -15,30 +23,88 @@ import os
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
 
 from mtplx import fast_path
+
+
+DEQUANTIZE_ENV = "MTPLX_CPU_DEQUANTIZE"
+_PACKED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
 
 
 @dataclass(frozen=True)
 class ComputePath:
     label: str  # 'cpu fp32 + mkl', 'cpu bf16 reference blas', 'metal', ...
-    cast: bool  # weights were cast from their stored dtype (the bank keys entries by this too)
+    cast: bool  # weights were cast (or dequantized) from how they were stored (the bank keys entries by this too)
+    dequantized: int = 0  # quantized layers unpacked to fp32
+    packed: int = 0  # quantized layers left packed (their matmuls never reach BLAS on the CPU)
+
+    @property
+    def salt(self) -> str:
+        """What the model identity adds for this path: KV computed through packed quantized
+        matmuls must not restore into their unpacked twins, nor bf16 into fp32."""
+        return ("fp32-unpacked" if self.dequantized else "fp32") if self.cast else ""
 
 
 def _floats(module) -> list[mx.array]:
     return [v for _, v in tree_flatten(module.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
 
 
+def _packed(module) -> list[tuple[str, nn.Module]]:
+    """The plain quantized Linear / Embedding layers (exact types: subclasses such as sharded
+    layers run their own kernels), with their paths."""
+    return [(path, m) for path, m in module.named_modules() if type(m) in _PACKED]
+
+
+def _unpacked_size(layer: nn.Module) -> int:
+    """Elements of the layer's weight once dequantized (its packed uint32 words hold 32 / bits each)."""
+    return layer.weight.size * 32 // layer.bits
+
+
+def dequantize(module: nn.Module) -> int:
+    """Replace every plain quantized Linear / Embedding of `module` by the float layer holding
+    the same weights dequantized to fp32 (a quantized matmul's values, summed by BLAS instead).
+    Returns how many layers were replaced."""
+    swaps = []
+    for path, layer in _packed(module):
+        weight = mx.dequantize(layer.weight, layer.scales, layer.get("biases"), group_size=layer.group_size,
+                               bits=layer.bits, mode=layer.mode).astype(mx.float32)
+        if isinstance(layer, nn.QuantizedLinear):
+            plain = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in layer)
+            if "bias" in layer:
+                plain.bias = layer.bias.astype(mx.float32)
+        else:
+            plain = nn.Embedding(weight.shape[0], weight.shape[1])
+        plain.weight = weight
+        mx.eval(plain.parameters())  # one layer at a time: the packed and unpacked copies never all coexist
+        swaps.append((path, plain))
+    if swaps:
+        module.update_modules(tree_unflatten(swaps))
+    return len(swaps)
+
+
+def _dequantize_wanted() -> bool:
+    return os.environ.get(DEQUANTIZE_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
 def prepare(model, mtp=None) -> ComputePath:
-    """Cast `model` (and the MTP head) to fp32 where the fast path says so; name the path."""
+    """Cast `model` (and the MTP head) to fp32 where the fast path says so, unpacking its
+    quantized layers when the whole fp32 copy fits too; name the path."""
     on_cpu = mx.default_device() == mx.cpu
-    floats = _floats(model) + (_floats(mtp) if mtp is not None else [])
-    cast = (any(v.dtype != mx.float32 for v in floats)
-            and fast_path.use_fp32(on_cpu, sum(v.size for v in floats) * 4))
+    modules = [m for m in (model, mtp) if m is not None]
+    floats = [v for m in modules for v in _floats(m)]
+    packed = [layer for m in modules for _, layer in _packed(m)]
+    float_bytes = sum(v.size for v in floats) * 4
+    unpack = (bool(packed) and _dequantize_wanted()
+              and fast_path.use_fp32(on_cpu, float_bytes + sum(_unpacked_size(p) for p in packed) * 4))
+    cast = unpack or (any(v.dtype != mx.float32 for v in floats) and fast_path.use_fp32(on_cpu, float_bytes))
+    dequantized = 0
     if cast:
-        # set_dtype's default predicate casts float tensors only: packed quantized weights stay.
-        for module in filter(None, (model, mtp)):
+        for module in modules:
+            if unpack:
+                dequantized += dequantize(module)
+            # set_dtype's default predicate casts float tensors only: packed quantized weights stay.
             module.set_dtype(mx.float32)
             mx.eval(module.parameters())
         floats = _floats(model)
@@ -47,7 +113,13 @@ def prepare(model, mtp=None) -> ComputePath:
         from mtplx.engine import cpu_attention
 
         cpu_attention.install()  # MLX's CPU attention is exp-bound at agent context lengths (cpu_attention.py)
-    return ComputePath(fast_path.label(on_cpu, dtype, fast_path.activate()), cast)
+    label = fast_path.label(on_cpu, dtype, fast_path.activate())
+    left = len(packed) - dequantized
+    if dequantized:
+        label += f", {dequantized} quantized layers unpacked"
+    if left and on_cpu:
+        label += f", {left} quantized layers packed"
+    return ComputePath(label, cast, dequantized, left)
 
 
 @functools.cache
