@@ -69,7 +69,7 @@ def dequantize(module: nn.Module) -> int:
     swaps = []
     for path, layer in _packed(module):
         weight = mx.dequantize(layer.weight, layer.scales, layer.get("biases"), group_size=layer.group_size,
-                               bits=layer.bits, mode=layer.mode).astype(mx.float32)
+                               bits=layer.bits, mode=getattr(layer, "mode", "affine")).astype(mx.float32)
         if isinstance(layer, nn.QuantizedLinear):
             plain = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in layer)
             if "bias" in layer:
