@@ -7,9 +7,9 @@ and LM head 8-bit, MTP head kept) into a temporary directory, then loaded twice 
 with MTPLX_CPU_DEQUANTIZE=off (its layers stay packed, as on Metal) and with the default (unpacked
 to fp32 on the CPU fast path, engine/compute.py). Rounds alternate the order of the arms (the
 machine's speed swings minute to minute); each round decodes the same prompts greedily, AR and
-MTP, on both. Printed, medians over rounds: decode tok/s per arm and mode, unpacked/packed, MTP/AR
-per arm, the resident weight bytes of each arm, and whether each arm's MTP equals its AR token for
-token. The two arms' outputs may differ: the same weight values are summed in another order.
+MTP, on both, and prefills a ~1,000-token prompt cold (no bank). Printed, medians over rounds:
+decode tok/s per arm and mode, prefill tok/s, unpacked/packed, MTP/AR per arm, the resident weight
+bytes of each arm, and whether each arm's MTP equals its AR token for token. The two arms' outputs may differ: the same weight values are summed in another order.
 Asserts nothing.
 """
 
@@ -58,6 +58,11 @@ def decode(engine: Engine, prompt: tuple, tokens: int, mtp: bool, depth: int) ->
     return fin.stats.completion_tokens / fin.stats.decode_s, fin.token_ids
 
 
+def prefill(engine: Engine, prompt: tuple) -> float:
+    fin = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=1), use_mtp=False, source="bench")).result()
+    return len(prompt) / fin.stats.prefill_s
+
+
 def measure(model: str, args) -> None:
     with tempfile.TemporaryDirectory(prefix="mtplx-dequantize-") as tmp:
         path = Path(tmp) / f"{model}-{args.bits}bit"
@@ -67,10 +72,12 @@ def measure(model: str, args) -> None:
             tok = arms["packed"].checkpoint.tokenizer
             prompts = [tuple(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))
                        for p in PROMPTS]
+            long = tuple(tok.apply_chat_template([{"role": "user", "content": " ".join(PROMPTS * 40)}],
+                                                 add_generation_prompt=True))
             for engine in arms.values():  # warm-up: every step shape compiled
                 decode(engine, prompts[0], 16, False, args.depth)
                 decode(engine, prompts[0], 32, True, args.depth)
-            speed = {(arm, mode): [] for arm in arms for mode in ("ar", "mtp")}
+            speed = {(arm, mode): [] for arm in arms for mode in ("ar", "mtp", "prefill")}
             equal = {arm: True for arm in arms}
             for r in range(args.rounds):
                 order = list(arms) if r % 2 == 0 else list(reversed(arms))
@@ -81,15 +88,18 @@ def measure(model: str, args) -> None:
                         speed[(arm, "ar")].append(ar)
                         speed[(arm, "mtp")].append(mtp)
                         equal[arm] &= ar_ids == mtp_ids
+                    speed[(arm, "prefill")].append(prefill(arms[arm], long))
             med = {k: statistics.median(v) for k, v in speed.items()}
             print(f"\n{model}, {args.bits}-bit conversion, depth {args.depth}, {args.tokens} tokens x {len(prompts)} prompts, "
-                  f"medians of {args.rounds} rounds")
-            print(f"{'arm':<9} {'compute':<58} {'weights MB':>10} {'AR tok/s':>9} {'MTP tok/s':>9} {'MTP/AR':>6} {'MTP==AR':>7}")
+                  f"prefill of {len(long)} tokens, medians of {args.rounds} rounds")
+            print(f"{'arm':<9} {'compute':<58} {'weights MB':>10} {'prefill tok/s':>13} {'AR tok/s':>9} {'MTP tok/s':>9} "
+                  f"{'MTP/AR':>6} {'MTP==AR':>7}")
             for arm, engine in arms.items():
                 print(f"{arm:<9} {engine.checkpoint.extras['compute']:<58} {weight_bytes(engine) / 1e6:10.1f} "
-                      f"{med[(arm, 'ar')]:9.1f} {med[(arm, 'mtp')]:9.1f} {med[(arm, 'mtp')] / med[(arm, 'ar')]:6.2f} "
+                      f"{med[(arm, 'prefill')]:13.1f} {med[(arm, 'ar')]:9.1f} {med[(arm, 'mtp')]:9.1f} {med[(arm, 'mtp')] / med[(arm, 'ar')]:6.2f} "
                       f"{str(equal[arm]):>7}")
-            print(f"unpacked/packed: AR {med[('unpacked', 'ar')] / med[('packed', 'ar')]:.2f}x, "
+            print(f"unpacked/packed: prefill {med[('unpacked', 'prefill')] / med[('packed', 'prefill')]:.2f}x, "
+                  f"AR {med[('unpacked', 'ar')] / med[('packed', 'ar')]:.2f}x, "
                   f"MTP {med[('unpacked', 'mtp')] / med[('packed', 'mtp')]:.2f}x")
         finally:
             for engine in arms.values():
