@@ -56,11 +56,13 @@ def models(
             rows.append(describe(resolve(path)))
     except MtplxError as exc:
         _fail(exc)
-    from mtplx.fast_path import predicted
+    from mtplx.fast_path import predicted, quantized_here
 
     compute = predicted()  # what a model loaded here runs on (no MLX import: see mtplx/fast_path.py)
     for r in rows:
         r["window"] = _window_line(r)
+        # a quantized model's weights as it will run here (unpacked to fp32, or kept packed)
+        r["weights_here"] = quantized_here(r.get("quantization"), (r["parameters"] + r["mtp_parameters"]) * 4)
     if as_json:
         typer.echo(json.dumps([{**r, "compute": compute} for r in rows], indent=2))
         return
@@ -72,6 +74,7 @@ def models(
                    f"layers {r['layers']} ({r['recurrent_layers']} recurrent)  "
                    f"MTP {'yes' if r['mtp'] else 'no'}  template: {features}\n{'':<14} {r['path']}"
                    + (f"\n{'':<14} {r['mtp_notice']}" if r.get("mtp_notice") else "")
+                   + (f"\n{'':<14} {r['weights_here']}" if r.get("weights_here") else "")
                    + f"\n{'':<14} {r['window']}")
 
 

@@ -142,6 +142,34 @@ def use_fp32(on_cpu: bool, fp32_bytes: int) -> bool:
     return fp32_bytes <= physical // 2
 
 
+DEQUANTIZE_ENV = "MTPLX_CPU_DEQUANTIZE"
+
+
+def dequantize_wanted() -> bool:
+    """Unpack quantized layers to fp32 where the fp32 copy fits (engine/compute.py)? On unless
+    MTPLX_CPU_DEQUANTIZE=off."""
+    return os.environ.get(DEQUANTIZE_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def quantized_here(quantization: dict | None, fp32_bytes: int) -> str | None:
+    """What a checkpoint stored quantized (its config's `quantization`) runs as here, in words,
+    for `mtplx models`; None when it is not quantized. `fp32_bytes`: its weights unpacked."""
+    from mtplx.byte_size import format_size
+
+    if not quantization:
+        return None
+    stored = f"stored {quantization.get('bits', '?')}-bit (group {quantization.get('group_size', '?')})"
+    if sys.platform == "darwin":
+        return f"{stored}: quantized matmuls on Metal"
+    if not wanted():
+        return f"{stored}: kept packed ({ENV}=off)"
+    if not dequantize_wanted():
+        return f"{stored}: kept packed ({DEQUANTIZE_ENV}=off; MLX's CPU quantized matmul is slower)"
+    if use_fp32(True, fp32_bytes):
+        return f"{stored}: unpacked to fp32 at load here ({format_size(fp32_bytes)})"
+    return f"{stored}: kept packed here (its fp32 copy, {format_size(fp32_bytes)}, is over half of memory)"
+
+
 def label(on_cpu: bool, dtype: str, blas: Blas) -> str:
     """'cpu fp32 + mkl', 'cpu bf16 reference blas', 'metal', ... for /health and `mtplx models`."""
     if not on_cpu:

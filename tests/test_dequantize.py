@@ -123,3 +123,28 @@ def test_mtp_greedy_equals_ar_greedy_on_an_unpacked_checkpoint(four_bit):
         assert mtp.stats.acceptance_by_depth[0] > 0.5  # the head drafts from the unpacked trunk's hiddens
     finally:
         engine.stop()
+
+
+def test_models_says_how_a_quantized_checkpoint_runs_here(four_bit, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from mtplx.cli import app
+
+    def row(out):
+        return next(r for r in json.loads(out) if r["path"] == str(four_bit.resolve()))
+
+    first = row(CliRunner().invoke(app, ["models", str(four_bit), "--json"]).stdout)
+    plain = next(r for r in json.loads(CliRunner().invoke(app, ["models", "--json"]).stdout) if r["name"] == "tiny-dense")
+    assert plain["weights_here"] is None  # not quantized: nothing to say
+    if ON_FAST_PATH:
+        assert first["weights_here"].startswith("stored 4-bit (group 64): unpacked to fp32 at load here")
+    monkeypatch.setenv(compute.DEQUANTIZE_ENV, "off")
+    text = CliRunner().invoke(app, ["models", str(four_bit)]).stdout
+    if ON_FAST_PATH:
+        assert f"stored 4-bit (group 64): kept packed ({compute.DEQUANTIZE_ENV}=off" in text
+    monkeypatch.delenv(compute.DEQUANTIZE_ENV)
+    monkeypatch.setattr(fast_path, "use_fp32", lambda on_cpu, fp32_bytes: False)
+    if ON_FAST_PATH:
+        assert "kept packed here (its fp32 copy" in row(CliRunner().invoke(app, ["models", str(four_bit), "--json"]).stdout)["weights_here"]

@@ -29,7 +29,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mtplx import fast_path
 
 
-DEQUANTIZE_ENV = "MTPLX_CPU_DEQUANTIZE"
+DEQUANTIZE_ENV = fast_path.DEQUANTIZE_ENV
 _PACKED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
 
 
@@ -84,10 +84,6 @@ def dequantize(module: nn.Module) -> int:
     return len(swaps)
 
 
-def _dequantize_wanted() -> bool:
-    return os.environ.get(DEQUANTIZE_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
-
-
 def prepare(model, mtp=None) -> ComputePath:
     """Cast `model` (and the MTP head) to fp32 where the fast path says so, unpacking its
     quantized layers when the whole fp32 copy fits too; name the path."""
@@ -96,7 +92,7 @@ def prepare(model, mtp=None) -> ComputePath:
     floats = [v for m in modules for v in _floats(m)]
     packed = [layer for m in modules for _, layer in _packed(m)]
     float_bytes = sum(v.size for v in floats) * 4
-    unpack = (bool(packed) and _dequantize_wanted()
+    unpack = (bool(packed) and fast_path.dequantize_wanted()
               and fast_path.use_fp32(on_cpu, float_bytes + sum(_unpacked_size(p) for p in packed) * 4))
     cast = unpack or (any(v.dtype != mx.float32 for v in floats) and fast_path.use_fp32(on_cpu, float_bytes))
     dequantized = 0
