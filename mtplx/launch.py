@@ -7,9 +7,10 @@ exact model identity, and from the built-in default (MTP at depth 2 when the mod
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from mtplx.catalog import resolve
-from mtplx.engine.checkpoint import model_identity
+from mtplx.engine.checkpoint import model_identity, read_config
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.fast_path import activate, notice, predicted
 from mtplx.settings import tuned_default
@@ -19,7 +20,8 @@ def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int =
                   context_window: int | None = None, max_batch: int | None = None) -> EngineConfig:
     # `mtplx tune` stores under the loaded checkpoint's identity, which names an fp32 cast (and
     # whether quantized layers were unpacked: compute.ComputePath.salt).
-    salts = ("fp32-unpacked", "fp32", "") if predicted().startswith("cpu fp32") else ("",)
+    quantized = "quantization" in read_config(Path(model_path))
+    salts = (("fp32-unpacked",) if quantized else ()) + ("fp32", "") if predicted().startswith("cpu fp32") else ("",)
     tuned = next((found for salt in salts if (found := tuned_default(model_identity(model_path, salt)))), None) or {}
     use_mtp = False if no_mtp else tuned.get("mtp", True) if depth is None else True
     return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2),

@@ -37,8 +37,7 @@ _PACKED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
 class ComputePath:
     label: str  # 'cpu fp32 + mkl', 'cpu bf16 reference blas', 'metal', ...
     cast: bool  # weights were cast (or dequantized) from how they were stored (the bank keys entries by this too)
-    dequantized: int = 0  # quantized layers unpacked to fp32
-    packed: int = 0  # quantized layers left packed (their matmuls never reach BLAS on the CPU)
+    dequantized: int = 0  # quantized layers unpacked to fp32 (the label also counts those left packed)
 
     @property
     def salt(self) -> str:
@@ -115,7 +114,7 @@ def prepare(model, mtp=None) -> ComputePath:
         label += f", {dequantized} quantized layers unpacked"
     if left and on_cpu:
         label += f", {left} quantized layers packed"
-    return ComputePath(label, cast, dequantized, left)
+    return ComputePath(label, cast, dequantized)
 
 
 @functools.cache
