@@ -130,3 +130,77 @@ def test_entries_evicted_from_ram_restore_from_ssd(tmp_path, prompts, cold_outpu
         assert not [d for d in decisions if d.action in ("discarded", "ssd_failed")]
     finally:
         engine.stop()
+
+
+def test_a_request_never_waits_for_an_ssd_file_write(tmp_path, prompts, monkeypatch):
+    """The file of an entry is written on the bank's I/O thread: while it is held up, the next
+    request (an agent's, sent as soon as a quick tool returns) is served; once the file is done,
+    its manifest row is recorded and the entry restores after a restart."""
+    import threading
+
+    from mtplx.bank.ssd import SsdTier
+
+    release, started = threading.Event(), threading.Event()
+    write_file = SsdTier.write_file
+
+    def held(self, staged):
+        started.set()
+        assert release.wait(60)
+        return write_file(self, staged)
+
+    monkeypatch.setattr(SsdTier, "write_file", held)
+    engine = engine_on(tmp_path)
+    try:
+        run(engine, prompts[0])
+        assert started.wait(30)  # the turn's entry is being written
+        assert run(engine, tuple(range(40, 90))).completion_tokens == 16  # served meanwhile
+        assert not list(tmp_path.glob("*.safetensors"))  # the held write has not finished
+        assert engine.call(lambda: engine.bank.health()["pending_writes"]) >= 1  # the engine thread answers too
+        release.set()
+        engine.settle()  # idle work includes the write in flight
+        assert engine.call(lambda: engine.bank.health()["pending_writes"]) == 0
+    finally:
+        release.set()
+        engine.stop()
+    rows = sqlite3.connect(str(tmp_path / "manifest.db")).execute("select count(*) from entries").fetchone()[0]
+    assert rows == len(list(tmp_path.glob("*.safetensors"))) >= 2 and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_an_entry_superseded_while_its_file_is_written_gets_no_row(tmp_path, prompts, monkeypatch):
+    import threading
+
+    from mtplx.bank.ssd import SsdTier
+
+    release, started = threading.Event(), threading.Event()
+    write_file = SsdTier.write_file
+    first_name = []
+
+    def held(self, staged):
+        if not first_name:
+            first_name.append(staged.name)
+            started.set()
+            assert release.wait(60)
+        return write_file(self, staged)
+
+    monkeypatch.setattr(SsdTier, "write_file", held)
+    # tiny-dense: an attention-only entry is superseded by any longer one it prefixes
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig(),
+                    ssd=SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=0)).start()
+    try:
+        first = run(engine, prompts[0])
+        assert started.wait(30)
+        decisions = []
+        engine.listeners.append(lambda e: decisions.append(e) if type(e).__name__ == "BankDecision" else None)
+        run(engine, prompts[0] + first.token_ids + tuple(range(300, 320)))  # extends the first turn's entry
+        engine.call(lambda: None)  # its commit (which supersedes the first entry) is done
+        assert any(d.action == "superseded" for d in decisions), [(d.action, d.detail) for d in decisions]
+        assert not (tmp_path / first_name[0]).exists()  # still held: the file is not in place yet
+        release.set()
+        engine.settle()
+    finally:
+        release.set()
+        engine.stop()
+    assert not (tmp_path / first_name[0]).exists()
+    files = {p.name for p in tmp_path.glob("*.safetensors")}
+    rows = {r[0] for r in sqlite3.connect(str(tmp_path / "manifest.db")).execute("select file from entries")}
+    assert files == rows and first_name[0] not in rows and rows

@@ -162,10 +162,10 @@ def test_damaged_ssd_entries_are_dropped_and_recomputed(tmp_path, cold, how):
 
 # -- a failing disk ---------------------------------------------------------------------------
 def _fail_writes(monkeypatch, how: str) -> None:
-    if how == "writer_error":  # what mx.save_safetensors raises on an I/O failure
-        def broken(self, entry):
-            raise RuntimeError("[save_safetensors] Failed to write to file")
-        monkeypatch.setattr(SsdTier, "write", broken)
+    if how == "writer_error":  # the file writer itself fails (an I/O error on the bank's I/O thread)
+        def broken(self, staged):
+            raise OSError(5, "Input/output error")
+        monkeypatch.setattr(SsdTier, "write_file", broken)
     else:  # a read-only or full disk refuses the rename into place
         import mtplx.bank.ssd as ssd_module
 

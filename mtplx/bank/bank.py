@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -126,6 +128,9 @@ class SessionBank:
         self.outcomes: dict[str, Outcome] = {}
         self.last_turn: dict[str, tuple[int, dict]] = {}  # session -> (messages sent, reply generated)
         self.pending_writes: deque[Entry] = deque()  # entries waiting to be persisted (idle time)
+        self.writing = None  # (entry, staged write, future): a file on the I/O thread, its row not yet recorded
+        self._io: ThreadPoolExecutor | None = None  # the I/O thread, started by the first write
+        self.superseded: deque[str] = deque(maxlen=64)  # entry ids a longer entry replaced, latest last
         self.ssd_views = {v.entry_id: v for v in ssd.views()} if ssd is not None else {}
         self.ssd_health = SsdHealth()
 
@@ -156,7 +161,7 @@ class SessionBank:
         """Plain data for /health and the TUI (safe to read from any thread)."""
         ssd = "off" if self.ssd is None else ("degraded" if self.ssd_health.error else "ok")
         return {"ram_entries": len(self.entries), "ram_budget_bytes": self.config.budget_bytes, "ssd": ssd,
-                "ssd_error": self.ssd_health.error, "pending_writes": len(self.pending_writes)}
+                "ssd_error": self.ssd_health.error, "pending_writes": len(self.pending_writes) + (self.writing is not None)}
 
     # -- plan -------------------------------------------------------------------------------
     def plan(self, prompt, *, use_mtp: bool, session: str | None = None, chat: dict | None = None,
@@ -263,6 +268,7 @@ class SessionBank:
             if self.ssd is not None:
                 self.ssd_views.pop(old_id, None)
                 self._ssd_do(lambda: self.ssd.delete(old_id), old_id)
+                self.superseded.append(old_id)  # a file of it still being written gets no row
             self.notify("superseded", f"{old_id} is a prefix of {entry.entry_id}")
         self.entries[entry.entry_id] = entry
         if self.ssd is not None:
@@ -297,21 +303,51 @@ class SessionBank:
         return variants(self.tokenizer, turn.chat, turn.reply, self.markers)
 
     # -- SSD writes (idle work) -------------------------------------------------------------
-    def persist_one(self) -> None:
+    # An entry's file is written on one I/O thread (SsdTier.write_file: no MLX, no SQLite), so
+    # an agent's next request, sent as soon as a quick tool returns, never waits behind a write
+    # of hundreds of megabytes. Staging the arrays and the manifest row stay on the engine thread.
+    def persist_one(self, wait: float | None = 0.0) -> bool:
+        """One step of write-through: record the write in flight once its file is done (waiting
+        up to `wait` seconds for it, None: as long as it takes), else stage the next entry and
+        hand its file to the I/O thread. Returns whether it did either."""
+        if self.writing is not None:
+            return self._finish_write(wait)
         entry = self.pending_writes.popleft()
         if entry.entry_id not in self.entries:
-            return  # superseded or evicted before its turn to be written
+            return True  # superseded or evicted before its turn to be written
+        staged = []
+        if not self._ssd_do(lambda: staged.append(self.ssd.stage(entry)), entry.entry_id):
+            self.pending_writes.appendleft(entry)  # retried after the back-off, while it is in RAM
+            return True
+        if self._io is None:
+            self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtplx-ssd-write")
+        self.writing = (entry, staged[0], self._io.submit(self.ssd.write_file, staged[0]))
+        return True
 
-        def write():
-            self.ssd.write(entry)
+    def _finish_write(self, wait: float | None) -> bool:
+        entry, staged, future = self.writing
+        try:
+            future.exception(timeout=wait)
+        except FutureTimeout:
+            return False
+        self.writing = None
+
+        def record():
+            size, checksum = future.result()  # the I/O thread's error, if any, is raised here
+            if entry.entry_id in self.superseded:  # a longer entry replaced it while its file was written
+                self.ssd.discard(staged)
+                return
+            # (one evicted from RAM meanwhile is kept: on SSD it still restores)
+            self.ssd.record(staged, size, checksum)
             self.ssd_views[entry.entry_id] = entry.view()
             alive = {r[0] for r in self.ssd.db.execute("select entry_id from entries")}
             for gone in [k for k in self.ssd_views if k not in alive]:  # the SSD budget dropped these
                 self.ssd_views.pop(gone)
                 self.notify("evicted", f"{gone} from SSD: over the disk budget")
 
-        if not self._ssd_do(write, entry.entry_id, is_write=True):
+        if not self._ssd_do(record, entry.entry_id, is_write=True) and entry.entry_id in self.entries:
             self.pending_writes.appendleft(entry)  # retried after the back-off, while it is in RAM
+        return True
 
     def _ssd_do(self, action, entry_id: str, is_write: bool = False) -> bool:
         """Run one SSD action; any failure (full or read-only disk, I/O error, a failing writer)
@@ -334,15 +370,25 @@ class SessionBank:
 
     def flush(self) -> None:
         """Persist every pending entry (clean shutdown): one attempt each, even while degraded."""
-        for _ in range(len(self.pending_writes) if self.ssd is not None else 0):
+        if self.ssd is None:
+            return
+        if self.writing is not None:
+            self._finish_write(None)
+        for _ in range(len(self.pending_writes)):
             self.persist_one()
+            if self.writing is not None:
+                self._finish_write(None)
             if self.ssd_health.error:
                 break  # the disk still fails: do not spend the shutdown retrying every entry
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None
 
     @property
     def writes_due(self) -> bool:
-        """Entries wait to be persisted and the SSD tier is not in a retry back-off."""
-        return bool(self.pending_writes and not self.ssd_health.waiting)
+        """A file write is in flight, or entries wait to be persisted and the SSD tier is not in a
+        retry back-off."""
+        return self.writing is not None or bool(self.pending_writes and not self.ssd_health.waiting)
 
     @property
     def idle_wait(self) -> float | None:

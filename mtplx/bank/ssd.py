@@ -29,6 +29,39 @@ log = logging.getLogger("mtplx.bank.ssd")
 FORMAT_VERSION = 1
 
 
+@dataclass(frozen=True)
+class StagedWrite:
+    """An entry ready to be written: the safetensors header and host views of its arrays, which
+    stay valid while `entry` (which owns the arrays) is held here."""
+
+    entry: object
+    name: str
+    header: bytes
+    buffers: list
+
+
+def _dtypes() -> dict:
+    import mlx.core as mx
+
+    return {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.float64: "F64", mx.int8: "I8",
+            mx.int16: "I16", mx.int32: "I32", mx.int64: "I64", mx.uint8: "U8", mx.uint16: "U16", mx.uint32: "U32",
+            mx.uint64: "U64", mx.bool_: "BOOL"}
+
+
+class _DtypeNames(dict):
+    """MLX dtype -> safetensors dtype name, built on first use (this module imports no MLX at load)."""
+
+    def __missing__(self, dtype):
+        if not self:
+            self.update(_dtypes())
+            if dtype in self:
+                return self[dtype]
+        raise KeyError(f"no safetensors name for {dtype}")
+
+
+_SAFETENSORS_DTYPES = _DtypeNames()
+
+
 class CorruptEntry(Exception):
     """A persisted entry failed validation (the message says how); it has been deleted."""
 
@@ -213,8 +246,19 @@ class SsdTier:
         return dropped
 
     # -- write ------------------------------------------------------------------------------
+    # A write is three steps so the slow part leaves the engine thread: `stage` (engine thread:
+    # the entry's arrays as host-memory views and the safetensors header), `write_file` (any
+    # thread: the file itself, fsync, rename, its checksum; no MLX, no SQLite) and `record`
+    # (engine thread: the manifest row, the budget). The order on disk is as before: a complete
+    # file, then its row, so a crash between them leaves an orphan file that `reconcile` removes.
     def write(self, entry) -> None:
-        """Persist one RAM entry (engine thread, idle time)."""
+        """Persist one RAM entry, every step on this thread (shutdown flush, tests)."""
+        staged = self.stage(entry)
+        self.record(staged, *self.write_file(staged))
+
+    def stage(self, entry) -> "StagedWrite":
+        """The entry as bytes to write: host views of its (evaluated) arrays, no copy where they
+        are contiguous. Engine thread."""
         import mlx.core as mx
 
         arrays, layers = {}, []
@@ -236,23 +280,51 @@ class SsdTier:
         meta = {"format_version": str(FORMAT_VERSION), "identity": entry.identity, "token_count": str(len(entry.tokens)),
                 "layers": json.dumps(layers), "checkpoints": json.dumps(sorted(entry.checkpoints)),
                 "mtp_len": str(entry.mtp_len if entry.mtp_len is not None else -1)}
-        name = f"{entry.entry_id}.safetensors"
-        tmp = self.root / f".tmp-{entry.entry_id}.safetensors"
+        # numpy has no bfloat16: such arrays travel as their 16-bit patterns, named BF16 in the header
+        host = {k: (a.view(mx.uint16) if a.dtype == mx.bfloat16 else a) for k, a in arrays.items()}
+        mx.eval(list(host.values()))
+        buffers, header, offset = [], {"__metadata__": meta}, 0
+        for key, a in host.items():
+            view = np.ascontiguousarray(np.asarray(a))
+            header[key] = {"dtype": _SAFETENSORS_DTYPES[arrays[key].dtype], "shape": list(a.shape),
+                           "data_offsets": [offset, offset + view.nbytes]}
+            buffers.append(view)
+            offset += view.nbytes
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned (the format allows trailing spaces)
+        return StagedWrite(entry, f"{entry.entry_id}.safetensors", len(text).to_bytes(8, "little") + text, buffers)
+
+    def write_file(self, staged: "StagedWrite") -> tuple[int, str]:
+        """Write, fsync and rename the file into place; (its size, its sha256). No MLX and no
+        SQLite here: it may run on an I/O thread while the engine computes."""
+        tmp = self.root / f".tmp-{staged.name}"
+        digest, size = hashlib.sha256(), 0
         try:
-            mx.save_safetensors(str(tmp), arrays, metadata=meta)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.root / name)
+            with tmp.open("wb") as fh:
+                for part in (staged.header, *staged.buffers):
+                    data = memoryview(part).cast("B")
+                    fh.write(data)
+                    digest.update(data)
+                    size += data.nbytes
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.root / staged.name)
         except BaseException:  # a failed write (full or read-only disk) leaves no half file behind
             tmp.unlink(missing_ok=True)
             raise
+        return size, digest.hexdigest()
+
+    def discard(self, staged: "StagedWrite") -> None:
+        """Remove a written file that will get no row (its entry was dropped meanwhile)."""
+        (self.root / staged.name).unlink(missing_ok=True)
+
+    def record(self, staged: "StagedWrite", size: int, checksum: str) -> None:
+        """The manifest row of a written file, then the budget. Engine thread."""
+        entry = staged.entry
         view = entry.view()
         self.db.execute("insert or replace into entries values (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", (
-            entry.entry_id, name, entry.identity, len(entry.tokens), np.asarray(entry.tokens, dtype=np.int32).tobytes(),
-            (self.root / name).stat().st_size, _sha256(self.root / name), FORMAT_VERSION, entry.session, entry.created,
+            entry.entry_id, staged.name, entry.identity, len(entry.tokens), np.asarray(entry.tokens, dtype=np.int32).tobytes(),
+            size, checksum, FORMAT_VERSION, entry.session, entry.created,
             time.time(), json.dumps([[a.position, a.kind] for a in entry.anchors]),
             json.dumps(list(view.restorable) if view.restorable is not None else None),
             entry.mtp_len, int(entry.last_hidden is not None)))

@@ -24,7 +24,7 @@ import logging
 import zlib
 
 from mtplx.bank.plan import RestorePlan
-from mtplx.engine.bank_executor import BankExecutor, BankedTurn, restore
+from mtplx.engine.bank_executor import WRITE_POLL_S, BankExecutor, BankedTurn, restore
 from mtplx.state.turn import StartPoint
 
 log = logging.getLogger("mtplx.distributed")
@@ -91,7 +91,7 @@ class AgreedBankExecutor(BankExecutor):
         advances the render-ahead, which every rank must run alike, holding this rank's writes."""
         if kind == "write":
             if self.bank.writes_due:
-                self.bank.persist_one()
+                self.bank.persist_one(wait=WRITE_POLL_S)  # a file in flight: a moment's wait, not a spin of passes
             return self.has_idle_work
         self.bank.hold_writes = True
         try:

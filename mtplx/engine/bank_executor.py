@@ -37,6 +37,9 @@ IDLE_CHUNK = 64
 # keeping the wait of a request that arrives about the same; the floor bounds the fixed cost per
 # forward (~10 ms on the tiny models).
 IDLE_CHUNK_MIN = 16
+# With only an SSD file write left (on the bank's I/O thread), each idle step waits this long for
+# it, then lets a queued request in: the most a request waits behind a write.
+WRITE_POLL_S = 0.005
 
 
 def idle_chunk(length: int, largest: int = IDLE_CHUNK) -> int:
@@ -279,11 +282,10 @@ class BankExecutor:
         return bool(self.jobs) or self.bank.writes_due
 
     def idle_step(self) -> bool:
-        """Run one unit of idle work (an SSD write, else one render-ahead chunk); returns whether
-        any remains. Writes go first: a write is one step that cannot be preempted, so it is done
-        right after the turn rather than when the client's next request may be arriving."""
-        if self.bank.writes_due:
-            self.bank.persist_one()
+        """Run one unit of idle work (a step of an SSD write, else one render-ahead chunk); returns
+        whether any remains. A write's file goes to the bank's I/O thread, so render-ahead runs
+        while it is written; with nothing else to do the thread waits a moment for the file."""
+        if self.bank.writes_due and self.bank.persist_one():
             return True
         while self.jobs:
             try:
@@ -295,4 +297,6 @@ class BankExecutor:
                 log.exception("render-ahead failed")
                 self.bank.notify("render_ahead_failed", f"{type(exc).__name__}: {exc}")
                 self.jobs.popleft()
+        if self.bank.writes_due:
+            self.bank.persist_one(wait=WRITE_POLL_S)  # only the file is left: a request waits at most this long
         return self.has_idle_work
