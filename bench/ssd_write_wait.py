@@ -3,15 +3,16 @@
     python bench/ssd_write_wait.py [--model tiny-dense] [--rounds 9] [--tool-outputs 5] [--pause 0.15]
 
 An agent's tool loop sends its next request as soon as a quick tool returns, while the bank is
-still persisting the previous turn's entry (hundreds of MB at long context). Two engines on the
+still persisting the previous turn's entry (hundreds of MB at long context). Three engines on the
 same model in one process, all with a RAM bank: one without an SSD tier, one with it (files
 written on the bank's I/O thread, as mtplx runs), and one with the SSD tier written the way it was
 before that, wholly on the engine thread as one idle step. Each takes a long agent conversation
-(a read_file tool output per round, `--tool-outputs` of them), then `--rounds` pairs of short follow-ups,
-each sent `--pause` seconds after the previous reply; the second of each pair is timed. The engines take turns, so machine noise
-hits all alike. Printed: the median and worst warm TTFT of each, the ratios to the RAM-only arm,
-the SSD file writes' sizes and durations, and whether every follow-up restored all but its new
-tokens. Asserts nothing.
+(a read_file tool output per round, `--tool-outputs` of them), then `--rounds` pairs of short
+follow-ups, each sent `--pause` seconds after the same engine's previous reply; the second of a
+pair, sent while the first one's entry is being persisted, is timed. The engines take turns, so
+machine noise hits all alike. Printed: the median and worst warm TTFT of each, the ratios to the
+RAM-only arm, the SSD file writes' sizes and durations, and whether every follow-up restored all
+but its new tokens. Asserts nothing.
 """
 
 from __future__ import annotations
