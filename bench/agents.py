@@ -4,7 +4,7 @@ first's session. Prints one row per client: version, requests, statuses, cached 
 later turn against the bank's reuse ceiling, errors. Not part of CI (slow; needs npm).
 
     python bench/agents.py [--clients claude,codex,opencode,pi,qwen] [--context-window 65536]
-                           [--cache ~/.cache/mtplx-agents] [--record DIR] [--model NAME_OR_DIR]
+                           [--cache ~/.cache/mtplx-agents] [--record DIR] [--model NAME_OR_DIR] [--ssd]
 
 The CLIs are installed from npm into --cache. Every client runs in a scratch git repository and
 a scratch HOME, pointed at 127.0.0.1 only. --record keeps each request (MTPLX_RECORD_DIR) per
@@ -35,6 +35,7 @@ PACKAGES = {"opencode": "opencode-ai", "pi": "@mariozechner/pi-coding-agent", "c
 TURNS = ("What does app.py do? Answer in one sentence.", "Now suggest one improvement to it.")
 MODEL = "tiny-dense"  # the model id the clients send: the served model's name
 SERVED = MODEL  # what `mtplx serve -m` loads (--model)
+SSD = False  # the bank's SSD tier (--ssd; off by default here: each client starts from a fresh home anyway)
 
 
 def install(cache: Path) -> dict[str, str]:
@@ -109,7 +110,7 @@ def serve(port: int, home: Path, window: int, record: Path | None) -> subprocess
     if record:
         env["MTPLX_RECORD_DIR"] = str(record)
     proc = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", "--port", str(port), "--context-window", str(window),
-                             "--no-ssd", "-m", SERVED], env=env, stderr=(home / "serve.log").open("ab"), stdout=subprocess.DEVNULL)
+                             *([] if SSD else ["--no-ssd"]), "-m", SERVED], env=env, stderr=(home / "serve.log").open("ab"), stdout=subprocess.DEVNULL)
     for _ in range(600):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
@@ -204,7 +205,7 @@ def run_client(name: str, version: str, cache: Path, window: int, timeout: float
 
 
 def main() -> None:
-    global MODEL, SERVED
+    global MODEL, SERVED, SSD
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default=",".join(PACKAGES))
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mtplx-agents")
@@ -213,7 +214,9 @@ def main() -> None:
     parser.add_argument("--record", type=Path, default=None)
     parser.add_argument("--model", default=MODEL,
                         help="what the server loads: an embedded name or a model directory (e.g. a 4-bit `mtplx convert` output)")
+    parser.add_argument("--ssd", action="store_true", help="serve with the bank's SSD tier on, as `mtplx serve` defaults to")
     args = parser.parse_args()
+    SSD = args.ssd
     SERVED = args.model
     MODEL = Path(args.model).name if Path(args.model).is_dir() else args.model  # the name `mtplx serve` gives it
     versions = install(args.cache)
