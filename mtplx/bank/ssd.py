@@ -9,6 +9,7 @@ identity, token count, whole-file checksum); a file that fails is deleted, never
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -40,26 +41,14 @@ class StagedWrite:
     buffers: list
 
 
-def _dtypes() -> dict:
+@functools.cache
+def _safetensors_dtypes() -> dict:
+    """MLX dtype -> safetensors dtype name (built on first use: this module imports no MLX at load)."""
     import mlx.core as mx
 
     return {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.float64: "F64", mx.int8: "I8",
             mx.int16: "I16", mx.int32: "I32", mx.int64: "I64", mx.uint8: "U8", mx.uint16: "U16", mx.uint32: "U32",
             mx.uint64: "U64", mx.bool_: "BOOL"}
-
-
-class _DtypeNames(dict):
-    """MLX dtype -> safetensors dtype name, built on first use (this module imports no MLX at load)."""
-
-    def __missing__(self, dtype):
-        if not self:
-            self.update(_dtypes())
-            if dtype in self:
-                return self[dtype]
-        raise KeyError(f"no safetensors name for {dtype}")
-
-
-_SAFETENSORS_DTYPES = _DtypeNames()
 
 
 class CorruptEntry(Exception):
@@ -286,7 +275,7 @@ class SsdTier:
         buffers, header, offset = [], {"__metadata__": meta}, 0
         for key, a in host.items():
             view = np.ascontiguousarray(np.asarray(a))
-            header[key] = {"dtype": _SAFETENSORS_DTYPES[arrays[key].dtype], "shape": list(a.shape),
+            header[key] = {"dtype": _safetensors_dtypes()[arrays[key].dtype], "shape": list(a.shape),
                            "data_offsets": [offset, offset + view.nbytes]}
             buffers.append(view)
             offset += view.nbytes
