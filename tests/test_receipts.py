@@ -51,15 +51,47 @@ def test_concurrent_writers(tmp_path):
     assert len(ReceiptStore(path).rows()) == 100
 
 
-def test_locked_database_drops_the_row_without_raising(tmp_path):
+def test_locked_database_holds_the_row_until_it_is_free(tmp_path):
     path = tmp_path / "l.db"
     store = ReceiptStore(path)
     blocker = sqlite3.connect(str(path), isolation_level=None)
     blocker.execute("begin exclusive")
     store.db.conn.execute("pragma busy_timeout = 50")
-    assert store.add(row()) is False
+    held = row()
+    assert store.add(held) is False  # no exception, no stall past the busy timeout
     blocker.execute("rollback")
     assert store.add(row()) is True
+    assert [r["id"] for r in ReceiptStore(path).rows()][0] == held["id"]  # the held row went in first
+
+
+def _fill(store: ReceiptStore) -> None:
+    """The database file may not grow: sqlite answers exactly as on a full disk (SQLITE_FULL)."""
+    pages = store.db.execute("pragma page_count").fetchone()[0]
+    store.db.execute(f"pragma max_page_count = {pages}")
+
+
+def test_a_full_disk_loses_no_receipt_once_space_is_freed(tmp_path):
+    path = tmp_path / "full.db"
+    store = ReceiptStore(path)
+    _fill(store)
+    rows = [row() | {"request_json": "x" * 5000} for _ in range(6)]
+    assert [store.add(r) for r in rows] == [False] * 6
+    assert len(store.backlog) == 6 and store.rows() == []
+    store.db.execute("pragma max_page_count = 1000000")  # space freed
+    assert store.add(row()) is True
+    assert [r["id"] for r in ReceiptStore(path).rows()][:6] == [r["id"] for r in rows]
+    assert len(ReceiptStore(path).rows()) == 7 and not store.backlog
+
+
+def test_the_writer_flushes_held_receipts_when_the_engine_stops(tmp_path):
+    path = tmp_path / "w.db"
+    store = ReceiptStore(path)
+    _fill(store)
+    store.add(row() | {"request_json": "x" * 5000})
+    writer = ReceiptWriter(store, "tiny-dense", "id")
+    store.db.execute("pragma max_page_count = 1000000")
+    writer.close()
+    assert len(ReceiptStore(path).rows()) == 1 and not store.backlog
 
 
 def test_a_damaged_database_is_set_aside_and_receipts_go_on(tmp_path):

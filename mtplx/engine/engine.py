@@ -342,6 +342,11 @@ class Engine:
                     self.bank.ssd.close()  # frees the directory for the next server
             except Exception:
                 log.exception("flushing the bank to SSD failed")
+        for listener in list(self.listeners):  # a consumer that holds writes back (receipts) gets a last try
+            try:
+                getattr(listener, "close", lambda: None)()
+            except Exception:
+                log.exception("closing an engine listener failed")
         self._release_streams()
 
     def _load(self):

@@ -1,8 +1,10 @@
 """The receipt store: one SQLite row per turn, at $MTPLX_HOME/receipts.db by default.
 
 Migrates itself on open (an append-only list of named migrations), runs in WAL mode, keeps
-columns *and* the raw request JSON. A write never fails or stalls a request: a locked, read-only
-or broken database is logged and the row dropped.
+columns *and* the raw request JSON. A write never fails or stalls a request. A row that cannot be
+written for a passing reason (a full disk, a lock held too long, an I/O error) waits in a bounded
+backlog and goes in with the next write that succeeds, so a full disk loses no receipt once space
+is freed; one refused for good (a read-only or broken database) is logged and dropped.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+from collections import deque
 from pathlib import Path
 from typing import Callable
 
@@ -82,6 +85,15 @@ def migrate(db: sqlite_utils.Database) -> list[str]:
     return applied
 
 
+# sqlite3's messages for a write that may succeed later (its error codes are not exposed before 3.11)
+PASSING = ("database or disk is full", "database is locked", "disk i/o error")
+BACKLOG = 10_000  # rows held while the disk refuses them (~a few MB); past it the oldest go
+
+
+def _passing(exc: Exception) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and any(p in str(exc).lower() for p in PASSING)
+
+
 def _utc_now() -> str:
     import datetime
 
@@ -96,6 +108,8 @@ class ReceiptStore:
             path = home_path("receipts.db")
         self.path = path
         self.writable = True
+        self.backlog: deque[dict] = deque()
+        self._stored: set = set()  # ids the last flush wrote
         try:  # a damaged file is set aside and a new store started: the turns to come keep their receipts
             opened(path, "receipt store", self._open)
         except sqlite3.Error as exc:  # read-only or locked: readable where possible, writes dropped
@@ -115,15 +129,32 @@ class ReceiptStore:
             raise
 
     def add(self, row: dict) -> bool:
-        """Insert one receipt; never raises. Returns whether it was stored."""
+        """Insert one receipt (after any held back); never raises. Returns whether it is stored."""
         if not self.writable:
             return False
-        try:
-            self.db["receipts"].insert(row, alter=False)
-            return True
-        except (sqlite3.Error, sqlite_utils.db.NotFoundError) as exc:
-            log.warning("receipt %s not stored: %s", row.get("id"), exc)
-            return False
+        if len(self.backlog) >= BACKLOG:
+            dropped = self.backlog.popleft()
+            log.warning("receipt %s dropped: %d receipts wait for the disk already", dropped.get("id"), BACKLOG)
+        self.backlog.append(row)
+        self.flush()
+        return row.get("id") in self._stored
+
+    def flush(self) -> int:
+        """Write the rows held back, oldest first; how many are left (0: none)."""
+        self._stored = set()
+        while self.backlog and self.writable:
+            row = self.backlog[0]
+            try:
+                self.db["receipts"].insert(row, alter=False)
+                self._stored.add(row.get("id"))
+            except (sqlite3.Error, sqlite_utils.db.NotFoundError) as exc:
+                if _passing(exc):
+                    if len(self.backlog) == 1:  # one line per outage, not one per held row
+                        log.warning("receipt %s not stored yet (%s); held until the disk takes it", row.get("id"), exc)
+                    break
+                log.warning("receipt %s not stored: %s", row.get("id"), exc)
+            self.backlog.popleft()
+        return len(self.backlog)
 
     def claim(self, session: str, since_utc: str, fields: dict) -> str | None:
         """Complete the server's own row for a turn a replay client just sent (an in-process or

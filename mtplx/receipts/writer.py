@@ -1,7 +1,8 @@
 """Folding engine events into receipt rows: the receipt writer is one more event consumer.
 
 It runs as an engine listener (on the engine thread), so it only collects; a row is written
-when its request ends, and a store that cannot write drops the row with a log line.
+when its request ends. A store that cannot write holds the row back for a later write, or drops
+it with a log line (receipts/store.py).
 """
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import os
 import threading
 
 from mtplx.events import EngineEvent, Failed, Finished, FirstToken, Queued, Restored, Tokens
 from mtplx.receipts.store import ReceiptStore
+
+log = logging.getLogger("mtplx.receipts")
 
 
 def client_finish(finish_reason: str, tool_calls: int) -> str:
@@ -51,6 +55,12 @@ class ReceiptWriter:
     def __call__(self, event: EngineEvent) -> None:
         with self.lock:
             self._fold(event)
+
+    def close(self) -> None:
+        """The engine stops: one last try at the receipts a full disk held back."""
+        with self.lock:
+            if self.store.flush():
+                log.warning("%d receipts not stored: the disk still refuses them", len(self.store.backlog))
 
     def _body(self, request) -> str:
         """The request as its client sent it; for in-process callers (TUI chat, replay screen) that
