@@ -267,6 +267,23 @@ def test_response_store_is_bounded_and_survives_a_damaged_file(tmp_path):
         ResponseStore(capacity=0)
 
 
+def test_response_store_on_a_full_disk_keeps_answering_and_writes_later(tmp_path):
+    from mtplx.server.response_store import ResponseStore
+
+    store = ResponseStore(tmp_path / "responses.db", capacity=8)
+    store.put("old", [{"role": "user", "content": "old"}])
+    pages = store.db.execute("pragma page_count").fetchone()[0]
+    store.db.execute(f"pragma max_page_count = {pages}")  # sqlite answers as on a full disk
+    big = [{"role": "user", "content": "x" * 20000}]
+    store.put("new", big)  # no exception: the response waits in memory
+    assert store.held and store.get("new") == big and store.get("old") == [{"role": "user", "content": "old"}]
+    assert len(store) == 2
+    store.db.execute("pragma max_page_count = 1000000")  # space freed
+    store.put("next", [])
+    assert not store.held
+    assert ResponseStore(tmp_path / "responses.db").get("new") == big  # on disk: kept across a restart
+
+
 def test_codex_second_turn_restores_the_whole_first_turn(url):
     """Codex keeps no server state (store: false): its next request resends the first one's input,
     the output items it read from our stream (a reasoning item keeps only our sealed blob) and the
@@ -413,6 +430,26 @@ def test_models_report_the_context_window(url):
     model = httpx.get(url + "/v1/models").json()["data"][0]
     assert model["context_window"] == model["max_model_len"] == 8192
     assert model["max_position_embeddings"] == 8192 and model["trained_window"] == 2048
+
+
+def test_signing_key_is_whole_or_absent_even_on_a_full_disk(tmp_path, monkeypatch):
+    import mtplx.server.signature as signature
+    from mtplx.server.signature import Signer
+
+    path = tmp_path / "signing.key"
+    path.write_bytes(b"")  # what a write cut short by a full disk left before
+    signer = Signer(lambda: path)
+    assert len(signer.key) == 32 and path.read_bytes() == signer.key  # replaced, not used
+    assert Signer(lambda: path).verify("t", signer.sign("t"))  # a restart signs alike
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(signature.os, "fsync", full)
+    elsewhere = tmp_path / "full" / "signing.key"
+    signer = Signer(lambda: elsewhere)
+    assert signer.unseal(signer.seal("reasoning")) == "reasoning"  # the request is served
+    assert list(elsewhere.parent.iterdir()) == []  # no empty or partial key left to be read later
 
 
 def test_reasoning_sealed_for_codex_comes_back_as_reasoning():

@@ -4,7 +4,9 @@ output, as a follow-up renders them), by response id.
 Kept in a small SQLite file under MTPLX_HOME, so a client that names a response after the server
 restarted still gets its history (the session bank restores the state from SSD the same way).
 Bounded: the `capacity` most recently used responses are kept. A file that cannot be opened costs
-persistence, never a request: the store then lives in memory.
+persistence, never a request: the store then lives in memory. A write the disk refuses (full, I/O
+error) costs nothing either: the response waits in memory, answers `previous_response_id` from
+there, and is written with the next write that succeeds.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from mtplx.damaged_file import opened
@@ -27,6 +30,7 @@ class ResponseStore:
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.capacity, self.lock = capacity, threading.Lock()
+        self.held: OrderedDict[str, tuple[float, str]] = OrderedDict()  # written once the disk takes them
         self.db = self._open(path)
 
     def _open(self, path: Path | None) -> sqlite3.Connection:
@@ -55,10 +59,13 @@ class ResponseStore:
 
     def get(self, response_id: str) -> list[dict]:
         with self.lock:
+            if response_id in self.held:
+                self.held[response_id] = (time.time(), self.held[response_id][1])
+                self.held.move_to_end(response_id)
+                return json.loads(self.held[response_id][1])
             row = self.db.execute("select messages from responses where id = ?", (response_id,)).fetchone()
             if row is not None:
-                self.db.execute("update responses set used = ? where id = ?", (time.time(), response_id))
-                self.db.commit()
+                self._write("update responses set used = ? where id = ?", (time.time(), response_id))
         if row is None:
             raise bad_request(f"previous_response_id {response_id!r} is unknown to this server (it keeps its "
                               f"{self.capacity} most recently used responses)", "previous_response_id",
@@ -66,13 +73,30 @@ class ResponseStore:
         return json.loads(row[0])
 
     def put(self, response_id: str, messages: list[dict]) -> None:
-        text = json.dumps(messages, ensure_ascii=False)
         with self.lock:
-            self.db.execute("insert or replace into responses values (?, ?, ?)", (response_id, time.time(), text))
-            self.db.execute("delete from responses where id not in (select id from responses order by used desc limit ?)",
-                            (self.capacity,))
-            self.db.commit()
+            self.held[response_id] = (time.time(), json.dumps(messages, ensure_ascii=False))
+            self.held.move_to_end(response_id)
+            while len(self.held) > self.capacity:
+                self.held.popitem(last=False)
+            while self.held:
+                key, (used, text) = next(iter(self.held.items()))
+                if not self._write("insert or replace into responses values (?, ?, ?)", (key, used, text)):
+                    return
+                del self.held[key]
+            self._write("delete from responses where id not in (select id from responses order by used desc limit ?)",
+                        (self.capacity,))
+
+    def _write(self, sql: str, args: tuple) -> bool:
+        """One statement, committed; False (logged) when the disk refuses it. Holds the lock."""
+        try:
+            with self.db:
+                self.db.execute(sql, args)
+            return True
+        except sqlite3.Error as exc:
+            log.warning("response store not written (%s); %d responses wait in memory", exc, len(self.held))
+            return False
 
     def __len__(self) -> int:
         with self.lock:
-            return self.db.execute("select count(*) from responses").fetchone()[0]
+            stored = {r[0] for r in self.db.execute("select id from responses")}
+            return len(stored | set(self.held))

@@ -7,11 +7,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import os
 from pathlib import Path
 from typing import Callable
 
 PREFIX = "mtplx1."
+log = logging.getLogger(__name__)
 
 
 class Signer:
@@ -50,13 +52,40 @@ class Signer:
         return text if self.verify(text, signature) else None
 
 
+KEY_BYTES = 32
+
+
 def _load_or_create(path: Path) -> bytes:
-    """The install's key at `path`, created (0600) on first use."""
+    """The install's key at `path`, created (0600) on first use.
+
+    The file appears whole or not at all (written aside, then linked into place, which also lets
+    exactly one of two starting servers create it). A file of the wrong size (a write cut short
+    before this was so) is replaced. Where nothing can be written (a full or read-only disk) the
+    key lives in memory: this process's signatures then do not outlast it."""
     try:
-        return path.read_bytes()
+        key = path.read_bytes()
+        if len(key) == KEY_BYTES:
+            return key
+        log.warning("signing key %s has %d bytes, not %d: replaced", path, len(key), KEY_BYTES)
+        path.unlink(missing_ok=True)
     except FileNotFoundError:
+        pass
+    key = os.urandom(KEY_BYTES)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(os.urandom(32))
-        return path.read_bytes()
+            fh.write(key)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another server made it first: use that one
+            return _load_or_create(path)
+        return key
+    except OSError as exc:
+        log.warning("signing key not saved (%s): thinking signatures last until this server stops", exc)
+        return key
+    finally:
+        tmp.unlink(missing_ok=True)
