@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mtplx.bank.anchors import Anchor, Markers, prompt_anchors, turn_ends
 from mtplx.bank.plan import (EntryView, MessageSpan, attribute_miss, common_prefix, plan_eviction, plan_restore,
-                             superseded, thin_checkpoints)
+                             plan_room, superseded, thin_checkpoints)
 
 M = Markers(turn_start=1, turn_end=2, newline=3, system=(9,))
 
@@ -100,3 +100,14 @@ def test_miss_attribution_names_stripped_reasoning():
     assert report.cause == "assistant[2].reasoning stripped"
     report = attribute_miss(prompt, spans, 0, 14, None, other_identity=True, evicted_match=0, note=None, think_id=think)
     assert report.cause.startswith("identity mismatch")
+
+
+def test_room_for_an_ssd_file_drops_least_recently_used_only_when_it_then_fits():
+    stored = [("old", 40), ("mid", 30), ("new", 20)]  # least recently used first
+    assert plan_room(stored, 10, budget_bytes=100, free_bytes=500, floor_bytes=100) == []
+    assert plan_room(stored, 30, budget_bytes=100, free_bytes=500, floor_bytes=100) == ["old"]  # the budget
+    assert plan_room(stored, 10, budget_bytes=1000, free_bytes=105, floor_bytes=100) == ["old"]  # the free floor
+    assert plan_room(stored, 50, budget_bytes=1000, free_bytes=100, floor_bytes=100) == ["old", "mid"]
+    assert plan_room(stored, 95, budget_bytes=1000, free_bytes=100, floor_bytes=100) is None  # never fits
+    assert plan_room(stored, 101, budget_bytes=100, free_bytes=10**9, floor_bytes=0) is None  # over the budget alone
+    assert plan_room([], 5, budget_bytes=100, free_bytes=5, floor_bytes=0) == []  # exactly fits

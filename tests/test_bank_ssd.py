@@ -204,3 +204,52 @@ def test_an_entry_superseded_while_its_file_is_written_gets_no_row(tmp_path, pro
     files = {p.name for p in tmp_path.glob("*.safetensors")}
     rows = {r[0] for r in sqlite3.connect(str(tmp_path / "manifest.db")).execute("select file from entries")}
     assert files == rows and first_name[0] not in rows and rows
+
+
+def test_a_nearly_full_disk_makes_room_or_skips_the_write(tmp_path, monkeypatch):
+    """Before a file is written, older entries go (least recently used) so the disk keeps its
+    free floor; a file that cannot fit even then is not written, and nothing is dropped for it.
+    The disk works, so the tier is not degraded and nothing is retried."""
+    import shutil
+    import types
+
+    from transformers import AutoTokenizer
+
+    floor, capacity = 1 << 20, [float("inf")]
+
+    def disk_usage(path):  # a disk of `capacity` bytes holding only the tier's files
+        used = sum(p.stat().st_size for p in tmp_path.glob("*.safetensors"))
+        return types.SimpleNamespace(total=capacity[0], used=used, free=capacity[0] - used)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    tok = AutoTokenizer.from_pretrained(str(resolve(MODEL)))
+    a, b, c = (tuple(render(tok, convo["messages"][:2], convo["tools"]))
+               for convo in (conversation(seed, Corpus(), Sizes(20, 40), max_user_turns=1) for seed in (11, 12, 13)))
+    decisions = []
+    engine = Engine(resolve(MODEL), EngineConfig(chunk_size=64), name=MODEL, bank=BankConfig(render_ahead=False),
+                    ssd=SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=floor)).start()
+    engine.listeners.append(lambda e: decisions.append(e) if type(e).__name__ == "BankDecision" else None)
+    try:
+        def stored():
+            engine.settle()
+            return {r[0]: r[1] for r in sqlite3.connect(str(tmp_path / "manifest.db")).execute(
+                "select entry_id, nbytes from entries")}
+
+        run(engine, a)
+        (first, size), = stored().items()
+        capacity[0] = floor + 1.6 * size  # b fits only where a was
+        run(engine, b)
+        now = stored()
+        assert first not in now and len(now) == 1
+        assert any(d.action == "evicted" and first in d.detail and "room" in d.detail for d in decisions)
+        assert len(c) > 1.5 * len(b)  # so c's file is larger than b's
+        capacity[0] = floor + sum(now.values())  # c cannot fit, not even where b is
+        run(engine, c)
+        assert stored() == now  # b was not dropped for a file that would not fit anyway
+        health = engine.call(engine.bank.health)
+        assert health["ssd"] == "ok" and health["ssd_skipped"] == 1 and health["pending_writes"] == 0
+        assert [d.action for d in decisions].count("ssd_skipped") == 1
+        assert not [d for d in decisions if d.action == "ssd_failed"]
+        assert not list(tmp_path.glob(".tmp-*"))
+    finally:
+        engine.stop()

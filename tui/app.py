@@ -52,6 +52,7 @@ class MtplxApp(App):
         self.api_key, self.reconnect_s, self.replay_file = api_key, reconnect_s, replay_file
         self.watch = None
         self._ssd_warned = False
+        self._ssd_skip_warned = False
 
     def on_mount(self) -> None:
         # A model that will not speculate says so in the header (no head, an unsupported family).
@@ -183,4 +184,7 @@ class MtplxApp(App):
             elif event.action == "ssd_recovered":
                 self._ssd_warned = False
                 self.notify(event.detail, title="SSD tier recovered")
+            elif event.action == "ssd_skipped" and not self._ssd_skip_warned:  # once per run
+                self._ssd_skip_warned = True
+                self.notify(event.detail, title="Disk too full for the SSD tier", severity="warning")
         self.dashboard.handle(event)

@@ -11,6 +11,7 @@ with: (action, detail), e.g. ("stored", "e_…: 812 tokens …").
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ from mtplx.bank.entry import Entry
 from mtplx.bank.plan import (RestorePlan, attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
                              thin_checkpoints)
 from mtplx.bank.spans import message_spans, reuse_ceiling, same_reply
+from mtplx.byte_size import format_size
 from mtplx.vocab import token_id
 
 log = logging.getLogger("mtplx.bank")
@@ -133,6 +135,7 @@ class SessionBank:
         self.superseded: deque[str] = deque(maxlen=64)  # entry ids a longer entry replaced, latest last
         self.ssd_views = {v.entry_id: v for v in ssd.views()} if ssd is not None else {}
         self.ssd_health = SsdHealth()
+        self.skipped_writes = 0  # entries too big for the SSD budget or the disk's free floor
 
     def identity(self, use_mtp: bool) -> str:
         return f"{self.base_identity}:{'mtp' if use_mtp else 'ar'}"
@@ -161,7 +164,10 @@ class SessionBank:
         """Plain data for /health and the TUI (safe to read from any thread)."""
         ssd = "off" if self.ssd is None else ("degraded" if self.ssd_health.error else "ok")
         return {"ram_entries": len(self.entries), "ram_budget_bytes": self.config.budget_bytes, "ssd": ssd,
-                "ssd_error": self.ssd_health.error, "pending_writes": len(self.pending_writes) + (self.writing is not None)}
+                "ssd_error": self.ssd_health.error, "ssd_skipped": self.skipped_writes,
+                # entries still in RAM (a superseded or evicted one leaves the queue only when reached)
+                "pending_writes": sum(e.entry_id in self.entries for e in list(self.pending_writes))
+                + (self.writing is not None)}
 
     # -- plan -------------------------------------------------------------------------------
     def plan(self, prompt, *, use_mtp: bool, session: str | None = None, chat: dict | None = None,
@@ -319,9 +325,35 @@ class SessionBank:
         if not self._ssd_do(lambda: staged.append(self.ssd.stage(entry)), entry.entry_id):
             self.pending_writes.appendleft(entry)  # retried after the back-off, while it is in RAM
             return True
+        if not self._room_for(staged[0]):
+            return True
         if self._io is None:
             self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtplx-ssd-write")
         self.writing = (entry, staged[0], self._io.submit(self.ssd.write_file, staged[0]))
+        return True
+
+    def _room_for(self, staged) -> bool:
+        """Make room for a staged file before writing it: older SSD entries go (least recently
+        used) so the tier stays in budget and the disk keeps its free floor. A file that cannot
+        fit even so is not written (the entry stays in RAM): a disk that is merely full is not
+        a failing one, so the tier is not degraded and nothing is retried for it."""
+        room = []
+        if not self._ssd_do(lambda: room.append(self.ssd.make_room(staged.nbytes)), staged.entry.entry_id):
+            return False
+        if room[0] is None:
+            free = shutil.disk_usage(self.ssd.config.root).free
+            config = self.ssd.config
+            why = (f"{staged.entry.entry_id}: not written to SSD: its {format_size(staged.nbytes)} would pass the "
+                   f"{format_size(config.budget_bytes)} budget or leave under {format_size(config.free_floor_bytes)} "
+                   f"free on the disk ({format_size(free)} free now)")
+            if not self.skipped_writes:
+                log.warning("%s; RAM only for such entries", why)
+            self.skipped_writes += 1
+            self.notify("ssd_skipped", why)
+            return False
+        for gone in room[0]:
+            self.ssd_views.pop(gone, None)
+            self.notify("evicted", f"{gone} from SSD: room for {staged.entry.entry_id}, least recently used")
         return True
 
     def _finish_write(self, wait: float | None) -> bool:

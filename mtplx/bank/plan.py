@@ -158,6 +158,25 @@ def plan_eviction(entries: list[EntryView], budget_bytes: int, protected: set[st
     return out
 
 
+def plan_room(stored: list[tuple[str, int]], size: int, budget_bytes: int, free_bytes: int,
+              floor_bytes: int) -> list[str] | None:
+    """SSD entries to drop, least recently used first (`stored` is in that order, with each
+    file's bytes), so that a new file of `size` bytes keeps the tier within its budget and the
+    disk above its free floor. None when it cannot fit even with every entry dropped: then none
+    is dropped for it (a full disk is not emptied for a file that will not fit anyway)."""
+    total, out = sum(n for _, n in stored), []
+
+    def fits() -> bool:
+        return total + size <= budget_bytes and free_bytes - size >= floor_bytes
+
+    for entry_id, nbytes in stored:
+        if fits():
+            break
+        out.append(entry_id)
+        total, free_bytes = total - nbytes, free_bytes + nbytes  # a deleted file frees its bytes
+    return out if fits() else None
+
+
 def thin_checkpoints(positions: list[int], keep: int, pinned: set[int]) -> list[int]:
     """At most `keep` recurrent checkpoints: pinned ones (head, newest message), the oldest, and
     the rest taken nearest the frontier, where the next divergence most likely falls."""

@@ -40,6 +40,10 @@ class StagedWrite:
     header: bytes
     buffers: list
 
+    @property
+    def nbytes(self) -> int:
+        return len(self.header) + sum(b.nbytes for b in self.buffers)
+
 
 @functools.cache
 def _safetensors_dtypes() -> dict:
@@ -232,6 +236,19 @@ class SsdTier:
             self.delete(entry_id)
             dropped.append(entry_id)
             total -= nbytes
+        return dropped
+
+    def make_room(self, size: int) -> list[str] | None:
+        """Drop least recently used entries so a file of `size` bytes fits the budget and leaves
+        the free floor (bank/plan.py's plan_room); the ids dropped, or None (nothing dropped)
+        when it cannot fit. Engine thread, before a write."""
+        from mtplx.bank.plan import plan_room
+
+        stored = [(i, n) for i, n in self.db.execute("select entry_id, nbytes from entries order by last_used")]
+        dropped = plan_room(stored, size, self.config.budget_bytes, shutil.disk_usage(self.root).free,
+                            self.config.free_floor_bytes)
+        for entry_id in dropped or ():
+            self.delete(entry_id)
         return dropped
 
     # -- write ------------------------------------------------------------------------------
