@@ -115,6 +115,52 @@ def disk_rows(cold) -> None:
             served.close()
 
 
+def real_full_disk_row() -> None:
+    """MTPLX_HOME on a real 64 MiB tmpfs that a file then fills to the last byte: every API serves,
+    nothing is lost, and once the file is gone the stores catch up. Needs root (mount)."""
+    import shutil
+    import sqlite3
+
+    mount = Path(tempfile.mkdtemp(prefix="mtplx-full-"))
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True).returncode:
+        row("real full disk (tmpfs)", 0, 0, True, None, "(not run: mounting a tmpfs needs root)")
+        return
+    proc = None
+    try:
+        proc, url = _serve_process(mount / "home")
+        chat = {"model": MODEL, "messages": FIRST, "max_tokens": 8, "temperature": 0}
+        statuses = [httpx.post(url + "/chat/completions", json=chat, timeout=300).status_code]
+        subprocess.run(["dd", "if=/dev/zero", f"of={mount / 'filler'}", "bs=1M", "count=100"], capture_output=True)
+        full = shutil.disk_usage(mount).free
+        for i in range(3):
+            ask = [{"role": "user", "content": f"question {i}: " + "what does this module do? " * 40}]
+            statuses.append(httpx.post(url + "/chat/completions", json={**chat, "messages": ask}, timeout=300).status_code)
+            first = httpx.post(url + "/responses", json={"model": MODEL, "input": f"q{i}", "max_output_tokens": 8}, timeout=300)
+            statuses.append(first.status_code)
+            if first.status_code == 200:  # the conversation behind it lives in memory until the disk takes it
+                statuses.append(httpx.post(url + "/responses", json={"model": MODEL, "input": "and then?",
+                                "previous_response_id": first.json()["id"], "max_output_tokens": 8}, timeout=300).status_code)
+            statuses.append(httpx.post(url + "/messages", json={"model": MODEL, "max_tokens": 8, "messages": ask},
+                                       timeout=300).status_code)
+        health = httpx.get(url.removesuffix("/v1") + "/health").json()["bank"]
+        (mount / "filler").unlink()
+        statuses.append(httpx.post(url + "/chat/completions", json=chat, timeout=300).status_code)
+        proc.terminate()
+        proc.wait(60)
+        receipts = sqlite3.connect(str(mount / "home" / "receipts.db")).execute("select count(*) from receipts").fetchone()[0]
+        key = (mount / "home" / "signing.key")
+        key_ok = not key.exists() or key.stat().st_size == 32
+        failures = sum(code != 200 for code in statuses)
+        row("real full disk (tmpfs filled, then freed)", len(statuses), failures,
+            receipts == len(statuses) and key_ok and not failures, None,
+            f"({full} bytes free while full; receipts stored {receipts} of {len(statuses)}; "
+            f"SSD {health['ssd']}, skipped {health.get('ssd_skipped')}; signing key whole or absent: {key_ok})")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
 def abort_rows(cold) -> None:
     served = Served(None, bank=False, chunk_size=64)
     try:
@@ -250,6 +296,7 @@ def main() -> None:
     cold = reference()
     restart_rows(cold)
     disk_rows(cold)
+    real_full_disk_row()
     abort_rows(cold)
     banked_abort_row(cold)
     engine_death_row()
