@@ -139,6 +139,7 @@ class ReplyIds:
         # MTPLX_REPLY_IDS=off re-encodes sent-back replies (what mtplx did before; bench/resend.py compares)
         self.enabled = os.environ.get("MTPLX_REPLY_IDS", "on").lower() not in ("off", "0", "false")
         self.records: OrderedDict[str, tuple[Variant, ...]] = OrderedDict()
+        self.unsaved: OrderedDict[str, None] = OrderedDict()  # keys a refusing disk has not taken yet
         self.db: sqlite3.Connection | None = None
 
     @classmethod
@@ -192,17 +193,30 @@ class ReplyIds:
             while len(self.records) > self.capacity:
                 old, _ = self.records.popitem(last=False)
                 self._write("delete from replies where key = ?", (old,))
-            self._write("insert or replace into replies values (?, ?, (select coalesce(max(used), 0) + 1 from replies))",
-                        (key, json.dumps([v.as_json() for v in self.records[key]], ensure_ascii=False)))
+            self._save(key)
 
-    def _write(self, sql: str, args: tuple) -> None:
+    def _save(self, key: str) -> None:
+        """Write `key`'s record, after those a refusing disk held back (oldest first), so a full
+        disk costs persistence only until space is freed."""
+        self.unsaved[key] = None
+        for k in list(self.unsaved):
+            if k in self.records and not self._write(
+                    "insert or replace into replies values (?, ?, (select coalesce(max(used), 0) + 1 from replies))",
+                    (k, json.dumps([v.as_json() for v in self.records[k]], ensure_ascii=False))):
+                return
+            del self.unsaved[k]
+
+    def _write(self, sql: str, args: tuple) -> bool:
         if self.db is None:
-            return
+            return True
         try:
             with self.db:
                 self.db.execute(sql, args)
+            return True
         except sqlite3.Error as exc:  # a full or failing disk: keep serving from memory
-            log.warning("reply ids not persisted (%s)", exc)
+            if len(self.unsaved) <= 1:  # once per outage
+                log.warning("reply ids not persisted yet (%s); kept in memory until the disk takes them", exc)
+            return False
 
     def splices(self, messages: list[dict], text: str, turn_end: str | None = None) -> list[tuple[int, Span]]:
         """Where in the rendered `text` each sent-back reply's generated span sits: (offset, span),

@@ -105,6 +105,30 @@ def test_the_store_survives_a_restart_and_a_damaged_file(tok, tmp_path):
     assert reply_key(reply) in ReplyIds.of(fourth).records  # the fresh file persisted the third's record
 
 
+def test_records_a_full_disk_refused_are_written_once_it_takes_them(tok, tmp_path):
+    from transformers import AutoTokenizer
+
+    from mtplx.catalog import resolve
+
+    path = tmp_path / "replies.db"
+    store = ReplyIds.of(tok)
+    store.persist(path)
+    pages = store.db.execute("pragma page_count").fetchone()[0]
+    store.db.execute(f"pragma max_page_count = {pages}")  # sqlite answers as on a full disk
+    replies = []
+    for i in range(3):
+        ids = _non_canonical(tok, f"Reply {i}. " + "word " * 400, "Done.")
+        replies.append({"role": "assistant", "content": tok.decode(ids)})
+        store.record(tok, replies[-1], ids)
+        if i == 1:
+            assert len(store.unsaved) == 2  # refused, still served from memory
+            store.db.execute("pragma max_page_count = 1000000")  # space freed
+    assert not store.unsaved
+    fresh = AutoTokenizer.from_pretrained(str(resolve("tiny-dense")))  # a new process
+    ReplyIds.of(fresh).persist(path)
+    assert all(reply_key(r) in ReplyIds.of(fresh).records for r in replies)
+
+
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
 def test_a_long_sampled_reply_sent_back_at_once_restores_whole_and_matches_cold(name):
     """Without any render-ahead (the client resends before idle time), the follow-up restores
