@@ -252,3 +252,34 @@ def test_completions_stream_and_parameter_rules(server):
     assert httpx.post(chat, json=dict(ask_body, seed=-1)).status_code == 200  # int64 seeds are valid
     bad = httpx.post(chat, json=dict(ask_body, seed=2**70))
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "seed"
+
+
+def test_a_long_render_never_holds_the_other_clients(server, monkeypatch):
+    """Rendering and tokenizing run on a worker thread: while one request's conversation is
+    encoded (a 100k-token history takes ~0.5 s here; here it is held for 3 s), other clients'
+    requests are answered."""
+    import mtplx.server.turns as turns
+
+    render = turns.render
+
+    def slow_for_the_long_one(tokenizer, messages, *args, **kwargs):
+        if "LONG CONVERSATION" in json.dumps(messages):
+            time.sleep(3)
+        return render(tokenizer, messages, *args, **kwargs)
+
+    monkeypatch.setattr(turns, "render", slow_for_the_long_one)
+    url, done = server[0], {}
+
+    def send(name, text):
+        httpx.post(url + "/v1/chat/completions", json={"model": "tiny-dense", "messages": ask(text), "max_tokens": 4},
+                   timeout=60).raise_for_status()
+        done[name] = time.monotonic()
+
+    long = threading.Thread(target=send, args=("long", "LONG CONVERSATION"))
+    long.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    send("short", "hi")
+    assert httpx.get(url + "/health", timeout=60).status_code == 200
+    long.join()
+    assert done["short"] < done["long"] and done["short"] - started < 2.5

@@ -33,7 +33,7 @@ from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
 from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from, stream_flag
-from mtplx.server.turns import budget_headers, encode, events, session_from, submit
+from mtplx.server.turns import budget_headers, encoded, events, session_from, submit
 
 log = logging.getLogger("mtplx.server")
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
@@ -165,7 +165,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def chat(request: Request):
         raw, body = await body_of(request)
         call = parse_chat(body, defaults, limit())
-        prompt = encode(engine, cache, call, "chat", raw)
+        prompt = await encoded(engine, cache, call, "chat", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         if not call.stream:  # the engine split the reply in the model's tool-call format (Finished.pieces)
             return await _whole(sub, lambda fin: openai_response.completion(model_name, fin), request,
@@ -185,7 +185,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
         call = ChatCall([], None, sampling_from(body, defaults, limit()), stream, include_usage)
-        sub = submit(engine, call, tokenizer.encode(prompt_text), "api", session_from(request.headers))
+        sub = submit(engine, call, await asyncio.to_thread(tokenizer.encode, prompt_text), "api", session_from(request.headers))
         if not stream:
             return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request,
                                 budget_headers(call, sub))
@@ -197,7 +197,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def responses_route(request: Request):
         raw, body = await body_of(request)
         call = responses.parse_response_call(body, defaults, limit(), response_store, signer)
-        prompt = encode(engine, cache, call, "responses", raw)
+        prompt = await encoded(engine, cache, call, "responses", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         built = responses.ResponseStream(model_name, body, signer)
 
@@ -232,7 +232,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def messages(request: Request):
         raw, body = await body_of(request)
         call = anthropic_map.parse_messages_call(body, defaults, limit(), signer=signer)
-        prompt = encode(engine, cache, call, "messages", raw)
+        prompt = await encoded(engine, cache, call, "messages", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         if not call.stream:
             return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, signer), request,
@@ -262,7 +262,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def count_tokens(request: Request):
         raw, body = await body_of(request)
         call = anthropic_map.parse_messages_call(body, defaults, limit(), require_max_tokens=False, signer=signer)
-        return {"input_tokens": len(encode(engine, cache, call, "count_tokens", raw))}
+        return {"input_tokens": len(await encoded(engine, cache, call, "count_tokens", raw))}
 
     return app
 

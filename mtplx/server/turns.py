@@ -1,6 +1,6 @@
 """From a validated chat call to engine events, for async handlers.
 
-Rendering goes through the encode cache; the prompt is checked against the context window when
+Rendering goes through the encode cache, on a worker thread; the prompt is checked against the context window when
 submitted (so an over-long prompt fails before any byte of a stream); events are read from the
 engine's queue off the event loop, and leaving early (a dropped client) cancels the generation.
 """
@@ -90,6 +90,13 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
                           "messages") from None
     cache.put(key, tokens, {})
     return tokens
+
+
+async def encoded(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -> list[int]:
+    """`encode` on a worker thread: rendering and tokenizing a long conversation (a 100k-token
+    history is ~0.5 MB of text, ~0.5 s here) would otherwise hold the event loop, and with it the
+    tokens every other client is being streamed."""
+    return await asyncio.to_thread(encode, engine, cache, call, route, raw)
 
 
 def fold_system(messages: list[dict]) -> list[dict]:
