@@ -111,7 +111,11 @@ def load() -> tuple[ctypes.CDLL | None, str | None]:
     if (reason := unavailable()) is not None:
         return None, reason
     try:
-        return ctypes.CDLL(str(build()), mode=ctypes.RTLD_GLOBAL), None
+        try:
+            return ctypes.CDLL(str(build()), mode=ctypes.RTLD_GLOBAL), None
+        except OSError:  # a cached build that no longer loads (a damaged file): built once more
+            _built().unlink(missing_ok=True)
+            return ctypes.CDLL(str(build()), mode=ctypes.RTLD_GLOBAL), None
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         return None, f"could not build or load it ({exc}{': ' + detail.decode(errors='replace')[:200] if detail else ''})"

@@ -153,3 +153,12 @@ def test_the_helpers_polling_time_comes_from_the_environment(monkeypatch):
         assert small_gemm.spin_ns() is None  # ignored: the default stands, nothing fails at import
     monkeypatch.setenv(small_gemm.SPIN_ENV, "-5")
     assert small_gemm.spin_ns() == 0
+
+
+def test_a_damaged_cached_build_is_built_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = small_gemm._built()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(b"\x7fELF" + b"\0" * 12)  # a cut-short library under the final name
+    kernel, why = small_gemm.load()
+    assert why is None and kernel is not None and target.stat().st_size > 1000
