@@ -217,9 +217,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     for name, data in built.tokens(event):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
-                    for name, data in built.finish(event):
+                    finish = built.finish(event)
+                    # stored before the client sees response.completed: its follow-up may name it at once
+                    await asyncio.to_thread(keep, event)
+                    for name, data in finish:
                         yield _event_sse(name, data)
-                    keep(event)
                 elif isinstance(event, Failed):
                     failure = _failure(event)
                     yield _event_sse("response.failed", {"type": "response.failed", "response": {
@@ -369,7 +371,8 @@ async def _whole(sub, build, request: Request, headers: dict | None = None):
                 raise _failure(event)
     finally:
         watcher.cancel()
-    return JSONResponse(build(fin), headers=headers)
+    # off the event loop: a build may write a store (the Responses route's conversation)
+    return JSONResponse(await asyncio.to_thread(build, fin), headers=headers)
 
 
 def serve_forever(app: FastAPI, sock, on_signal=lambda: None) -> list[int]:
