@@ -230,8 +230,11 @@ class SessionBank:
         return best, max((common_prefix(t, prompt) for t in self.evicted), default=0)
 
     def record(self, outcome: Outcome) -> None:
-        """What a request's restore achieved (the executor carried the plan out)."""
+        """What a request's restore achieved (the executor carried the plan out). The recent ones
+        only: a server runs for weeks of agent turns, and the Restored event carries the same."""
         self.outcomes[outcome.request_id] = outcome
+        while len(self.outcomes) > 1024:
+            self.outcomes.pop(next(iter(self.outcomes)))
 
     # -- the store --------------------------------------------------------------------------
     def get(self, entry_id: str, identity: str) -> tuple[Entry, str]:
