@@ -216,6 +216,13 @@ def test_metrics_and_events_stream(server, client):
     client.chat.completions.create(model="tiny-dense", messages=ask(), max_tokens=5)
     text = httpx.get(server[0] + "/metrics").text
     assert "mtplx_ttft_seconds_bucket" in text and "mtplx_cache_restored_tokens_total" in text
+    # labels are declared routes: a scanner's paths (one with a quote in it) do not each add a series
+    for path in ("/wp-admin/x", '/a"b', "/v1/models/tiny-dense", "/v1/models/other"):
+        httpx.get(server[0] + path)
+    text = httpx.get(server[0] + "/metrics").text
+    routes = {line.split('route="', 1)[1].split('"', 1)[0] for line in text.splitlines() if "mtplx_requests_total{" in line}
+    assert {"/v1/chat/completions", "/v1/models/{model_id:path}", "unmatched"} <= routes
+    assert not any(r.startswith(("/wp-admin", "/a")) or r == "/v1/models/tiny-dense" for r in routes)
 
 
 def test_sdk_errors_are_clean(server, client):

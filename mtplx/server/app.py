@@ -93,7 +93,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         detail = f": {type(exc).__name__}: {exc}" if os.environ.get("MTPLX_DEBUG_ERRORS") == "1" else ""
         return shaped(request, ApiError(500, f"internal server error (request id {rid}){detail}", None, "server_error", rid))
 
-    app.add_middleware(Guard, api_key=api_key, metrics=metrics)
+    app.add_middleware(Guard, api_key=api_key, metrics=metrics, router=app.router)
 
     async def body_of(request: Request) -> tuple[bytes, dict]:
         raw = await request.body()
@@ -323,19 +323,31 @@ def _failure(event: Failed) -> ApiError:
     return ApiError(500, event.message, None, "server_error")
 
 
+def _route_of(app, scope) -> str:
+    """The route a request matched, as declared ("/v1/models/{model_id:path}"), or "unmatched": a
+    metrics label per raw path would grow with every path a scanner tries (and a path may hold a
+    quote that breaks the Prometheus text)."""
+    from starlette.routing import Match
+
+    for route in getattr(app, "routes", ()):
+        if route.matches(scope)[0] is Match.FULL:
+            return route.path
+    return "unmatched"
+
+
 class Guard:
     """The API key check and per-route status counts, as plain ASGI: Starlette's function
     middleware wraps `receive`, which hides a client's disconnect from the handler (a dropped
     non-streaming request would then run to its end)."""
 
-    def __init__(self, app, api_key: str | None, metrics: Metrics):
-        self.app, self.api_key, self.metrics = app, api_key, metrics
+    def __init__(self, app, api_key: str | None, metrics: Metrics, router=None):
+        self.app, self.api_key, self.metrics, self.router = app, api_key, metrics, router
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"]
-        if self.api_key and path != "/health":
+        path = _route_of(self.router, scope)
+        if self.api_key and scope["path"] != "/health":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             auth = headers.get("authorization", "")
             given = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key")
