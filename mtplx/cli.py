@@ -465,10 +465,15 @@ def _ssd(owner: bool = False):
     """The SSD tier: read-only beside a running server; `owner` (clear, gc) needs it stopped."""
     from mtplx.bank.ssd import SsdConfig, SsdTier
 
+    import sqlite3
+
+    config = SsdConfig.default()
     try:
-        return SsdTier(SsdConfig.default(), owner=owner)
+        return SsdTier(config, owner=owner)
     except MtplxError as exc:
         _fail(exc)
+    except (OSError, sqlite3.Error) as exc:  # a read-only or missing home, an unreadable manifest
+        _fail(MtplxError(f"the SSD bank at {config.root} cannot be opened: {exc}"))
 
 
 @bank_app.command("ls")

@@ -440,6 +440,44 @@ def test_sigterm_during_a_stream_flushes_and_exits_0(tmp_path):
     assert rows == [("cancelled",)]
 
 
+def test_a_home_that_cannot_be_created_still_serves(tmp_path):
+    """MTPLX_HOME on a read-only disk (here: under a file, which no one can make a folder in):
+    `mtplx serve` serves every API with its stores in memory, and says why once."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc, url = _serve_process(blocker / "home")
+    try:
+        assert httpx.post(url + "/chat/completions", json={"model": MODEL, "messages": FIRST, "max_tokens": 4},
+                          timeout=120).status_code == 200
+        first = httpx.post(url + "/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 4}, timeout=120)
+        assert first.status_code == 200, first.text
+        follow = httpx.post(url + "/responses", json={"model": MODEL, "input": "and?", "max_output_tokens": 4,
+                                                      "previous_response_id": first.json()["id"]}, timeout=120)
+        assert first.status_code == follow.status_code == 200
+        assert httpx.get(url.removesuffix("/v1") + "/health").json()["bank"]["ssd"] == "degraded"
+        proc.terminate()
+        assert proc.wait(60) == 0  # a clean stop: the flush found nothing it could write, and said so
+    finally:
+        proc.kill()
+
+
+def test_receipts_stay_readable_when_the_store_cannot_be_written(tmp_path, monkeypatch):
+    import mtplx.receipts.store as store_module
+    from mtplx.receipts.store import ReceiptStore
+    from mtplx.receipts.writer import receipt_id
+
+    path = tmp_path / "receipts.db"
+    ReceiptStore(path).add({"id": receipt_id(), "created_utc": "2026-12-01T00:00:00.000+00:00", "source": "api"})
+
+    def refuse(*args, **kwargs):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(store_module, "opened", refuse)  # what a read-only disk answers
+    store = ReceiptStore(path)
+    assert not store.writable and len(store.rows()) == 1  # `mtplx receipts ls` still lists them
+    assert ReceiptStore(tmp_path / "absent.db").rows() == []
+
+
 def test_busy_port_fails_fast_with_one_line(tmp_path):
     code, lines = serve_on_busy_port(tmp_path)
     assert code == 2 and len(lines) == 1 and "in use" in lines[0]

@@ -110,11 +110,13 @@ class ReceiptStore:
         self.writable = True
         self.backlog: deque[dict] = deque()
         self._stored: set = set()  # ids the last flush wrote
+        self.db: sqlite_utils.Database | None = None
         try:  # a damaged file is set aside and a new store started: the turns to come keep their receipts
             opened(path, "receipt store", self._open)
         except sqlite3.Error as exc:  # read-only or locked: readable where possible, writes dropped
             log.warning("receipt store %s is not writable (%s); receipts will not be saved", path, exc)
             self.writable = False
+            self._open_read_only(path)
 
     def _open(self, path) -> None:
         conn = sqlite3.connect(str(path), timeout=2.0, check_same_thread=False, isolation_level=None)
@@ -127,6 +129,17 @@ class ReceiptStore:
             if is_damaged(exc):
                 conn.close()  # let go of the file before it is renamed
             raise
+
+    def _open_read_only(self, path) -> None:
+        """`mtplx receipts` on a read-only home still lists what is there (nothing when no file)."""
+        if str(path) == ":memory:" or not Path(path).is_file():
+            return
+        try:
+            conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, check_same_thread=False)
+            conn.execute("select count(*) from sqlite_master").fetchone()
+            self.db = sqlite_utils.Database(conn)
+        except sqlite3.Error:
+            self.db = None
 
     def add(self, row: dict) -> bool:
         """Insert one receipt (after any held back); never raises. Returns whether it is stored."""
@@ -176,7 +189,7 @@ class ReceiptStore:
             return None
 
     def rows(self, where: str | None = None, params: tuple = (), limit: int | None = None) -> list[dict]:
-        if "receipts" not in self.db.table_names():
+        if self.db is None or "receipts" not in self.db.table_names():
             return []
         return list(self.db["receipts"].rows_where(where, params, order_by="id", limit=limit))
 

@@ -70,6 +70,9 @@ def _load_or_create(path: Path) -> bytes:
         path.unlink(missing_ok=True)
     except FileNotFoundError:
         pass
+    except OSError as exc:  # unreadable where it should be (no folder, no permission): this run's key
+        log.warning("signing key %s unreadable (%s): thinking signatures last until this server stops", path, exc)
+        return os.urandom(KEY_BYTES)
     key = os.urandom(KEY_BYTES)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
