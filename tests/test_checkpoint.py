@@ -83,3 +83,9 @@ def test_truncated_weights(model_copy):
 def test_broken_tokenizer(model_copy):
     (model_copy / "tokenizer.json").write_text("{broken")
     _expect(model_copy, "tokenizer")
+
+
+def test_missing_tokenizer_files(model_copy):
+    # transformers would build a 9-token tokenizer from tokenizer_config.json alone
+    (model_copy / "tokenizer.json").unlink()
+    _expect(model_copy, "tokenizer has", "missing or incomplete")

@@ -131,6 +131,17 @@ def load_trunk(path: Path, lazy: bool = False) -> Trunk:
     return Trunk(model, config, head_weights, own.get("sanitize"))
 
 
+def _check_vocabulary(path: Path, tokenizer, config: dict) -> None:
+    """A tokenizer far smaller than the model's vocabulary is a directory without its tokenizer
+    files: transformers then builds a near-empty tokenizer from tokenizer_config.json alone, and
+    the model would answer every prompt from a handful of ids. (A model's vocab_size is often
+    padded a little past its tokenizer's; never by half.)"""
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if isinstance(vocab, int) and len(tokenizer) < vocab // 2:
+        raise ModelLoadError(f"{path}: the tokenizer has {len(tokenizer)} tokens for a model of {vocab}; its files "
+                             f"are missing or incomplete (tokenizer.json, or vocab.json + merges.txt)")
+
+
 def load_checkpoint(path: Path, name: str | None = None, shard=None) -> Checkpoint:
     """`shard`: called with the lazily loaded trunk before any weight is evaluated (mtplx/distributed/
     shard.py); it returns the layout tag, which the identity then names."""
@@ -155,6 +166,7 @@ def load_checkpoint(path: Path, name: str | None = None, shard=None) -> Checkpoi
         tokenizer = load_tokenizer(path, eos_token_ids=list(generation.eos_token_ids) or None)
     except Exception as exc:  # tokenizers raise many unrelated types for a bad file
         raise ModelLoadError(f"{path / 'tokenizer.json'}: tokenizer could not be loaded ({type(exc).__name__}: {exc})") from exc
+    _check_vocabulary(path, tokenizer, config)
 
     moe_on_cpu = _moe_to_float32(model) if mx.default_device() == mx.cpu else False
     mtp, notice = None, catalog.mtp_notice(config, bool(trunk.head_weights))
