@@ -36,6 +36,10 @@ def _listen(host: str, port: int):
     return bind(host, port)
 
 
+NO_TEMPLATE = ("this model has no chat template (a base model?): /v1/completions serves it; the chat routes "
+               "answer 400 until its directory has a chat_template.jinja")
+
+
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg="red", err=True)
     raise typer.Exit(2)
@@ -79,10 +83,13 @@ def models(
 
 
 def _mtp_notice(engine) -> None:
-    """One line when the model will not speculate, and why (no head, an unsupported family)."""
+    """One line when the model will not speculate, and why (no head, an unsupported family); one
+    when it has no chat template (a base model), so the chat routes' 400s are no surprise."""
     notice = engine.checkpoint.mtp_notice
     if notice:
         typer.secho(f"notice: {notice}", fg="yellow", err=True)
+    if not getattr(engine.checkpoint.tokenizer, "chat_template", None):
+        typer.secho(f"notice: {NO_TEMPLATE}", fg="yellow", err=True)
 
 
 @app.command()

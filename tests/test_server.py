@@ -290,3 +290,29 @@ def test_a_long_render_never_holds_the_other_clients(server, monkeypatch):
     assert httpx.get(url + "/health", timeout=60).status_code == 200
     long.join()
     assert done["short"] < done["long"] and done["short"] - started < 2.5
+
+
+def test_a_model_without_a_chat_template_says_so(tmp_path):
+    import shutil
+
+    from mtplx.server.background import BackgroundServer
+
+    model = tmp_path / "base-model"
+    shutil.copytree(resolve("tiny-dense"), model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not (model / "chat_template.jinja").exists()
+    engine = Engine(model, EngineConfig(chunk_size=64)).start()
+    served = BackgroundServer(create_app(engine, "base-model")).start()
+    try:
+        chat = httpx.post(served.url + "/v1/chat/completions", json={"model": "base-model", "max_tokens": 4,
+                                                                  "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400 and chat.json()["error"]["code"] == "no_chat_template"
+        assert "/v1/completions" in chat.json()["error"]["message"]
+        text = httpx.post(served.url + "/v1/completions", json={"model": "base-model", "prompt": "def f(",
+                                                                "max_tokens": 4})
+        assert text.status_code == 200
+    finally:
+        served.stop()
+        engine.stop()

@@ -86,6 +86,10 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
             cache.put(key, tokens, {"messages": folded})
             return tokens
     except Exception as exc:  # a template error is the request's fault (e.g. roles out of order)
+        if not getattr(engine.checkpoint.tokenizer, "chat_template", None):
+            raise bad_request("this model has no chat template (a base model?), so it cannot take chat messages; "
+                              "send a prompt to /v1/completions, or add a chat_template.jinja to its directory",
+                              "messages", "no_chat_template") from None
         raise bad_request(f"messages could not be rendered with the chat template: {type(exc).__name__}: {exc}",
                           "messages") from None
     cache.put(key, tokens, {})
