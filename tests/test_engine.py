@@ -95,3 +95,16 @@ def test_sessions_are_served_round_robin(dense_engine):
 def test_seeded_sampling_repeats(engine):
     req = lambda: GenerationRequest(_prompt(engine), SamplingParams(max_tokens=20, temperature=0.9, seed=5))
     assert engine.submit(req()).result().token_ids == engine.submit(req()).result().token_ids
+
+
+def test_presence_and_frequency_penalties_decode_autoregressively_and_change_the_reply(dense_engine):
+    """OpenAI's penalties are honoured (Qwen3's cards recommend presence_penalty 1.5): with them
+    each position depends on the reply before it, so the request decodes AR, not MTP."""
+    prompt = _prompt(dense_engine)
+    # past its end of turn the tiny model repeats itself: room for the penalties to show
+    plain = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=160, ignore_eos=True))).result()
+    penalised = dense_engine.submit(GenerationRequest(prompt, SamplingParams(
+        max_tokens=160, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0))).result()
+    assert penalised.stats.mode == "ar" and penalised.token_ids != plain.token_ids
+    repeats = lambda ids: len(ids) - len(set(ids))
+    assert repeats(penalised.token_ids) < repeats(plain.token_ids)

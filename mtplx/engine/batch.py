@@ -196,7 +196,7 @@ def _pad(hidden: mx.array, length: int) -> mx.array:
 
 
 def _plain_greedy(gen: Generation) -> bool:
-    return gen.params.greedy and gen.params.repetition_penalty == 1.0 and gen.shape is None
+    return gen.params.greedy and not gen.params.penalised and gen.shape is None
 
 
 def _arrays(layer) -> list:

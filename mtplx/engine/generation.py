@@ -17,7 +17,7 @@ import mlx.core as mx
 from mtplx.engine import cache_state, preemption
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.runner import ModelRunner
-from mtplx.engine.sampling import Sampler, apply_repetition_penalty
+from mtplx.engine.sampling import Sampler, apply_penalties
 from mtplx.engine.segments import SegmentTracker
 from mtplx.engine.speculation import Speculator
 from mtplx.engine.stats import GenerationStats
@@ -46,9 +46,9 @@ class Generation:
                  chunk_size: int, eos_ids: set[int], submitted_at: float):
         self.runner, self.request = runner, request
         self.params = request.sampling
-        # A repetition penalty changes each position's distribution with the drafts before it;
-        # such requests decode autoregressively rather than verify against a moving target.
-        self.use_mtp = use_mtp and runner.mtp is not None and self.params.repetition_penalty == 1.0
+        # A penalty changes each position's distribution with the drafts before it; such
+        # requests decode autoregressively rather than verify against a moving target.
+        self.use_mtp = use_mtp and runner.mtp is not None and not self.params.penalised
         self.depth = depth
         self.chunk_size = chunk_size
         self.eos_ids = set() if request.sampling.ignore_eos else eos_ids
@@ -284,8 +284,8 @@ class Generation:
 
     def pick(self, logits: mx.array) -> int:
         t = time.perf_counter()
-        if self.params.repetition_penalty != 1.0:
-            logits = apply_repetition_penalty(logits, list(self.request.prompt) + self.generated, self.params.repetition_penalty)
+        if self.params.penalised:
+            logits = apply_penalties(logits, self.params, self.request.prompt, self.generated)
         token = self.sampler.pick(self._ruled(logits, []))
         self.stats.sample_s += time.perf_counter() - t
         return token

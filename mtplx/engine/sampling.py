@@ -8,6 +8,7 @@ filtered target distribution is exact.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -25,6 +26,8 @@ class SamplingParams:
     max_tokens: int = 512
     stop: tuple[str, ...] = field(default_factory=tuple)
     repetition_penalty: float = 1.0  # 1.0 = off
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from each token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time it was generated
     ignore_eos: bool = False  # generate max_tokens whatever the model says (fixed-length benchmarks)
 
     def __post_init__(self):
@@ -37,6 +40,8 @@ class SamplingParams:
                                    and -(2**63) <= self.seed < 2**64), "seed", "an integer in [-2**63, 2**64)"),
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer >= 1"),
             (isinstance(self.repetition_penalty, (int, float)) and 0 < self.repetition_penalty <= 10, "repetition_penalty", "in (0, 10]"),
+            (isinstance(self.presence_penalty, (int, float)) and -2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]"),
+            (isinstance(self.frequency_penalty, (int, float)) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]"),
             (all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16, "stop", "up to 16 non-empty strings"),
             (isinstance(self.ignore_eos, bool), "ignore_eos", "a boolean"),
         ]
@@ -47,6 +52,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalised(self) -> bool:
+        """A penalty makes each position's distribution depend on the tokens before it in the
+        reply, drafts included: such requests decode autoregressively."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
@@ -74,6 +85,21 @@ def apply_repetition_penalty(logits: mx.array, context: list[int], penalty: floa
     ids = mx.array(sorted(set(context)))
     picked = logits[..., ids]
     logits[..., ids] = mx.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def apply_penalties(logits: mx.array, params: SamplingParams, prompt, generated: list[int]) -> mx.array:
+    """The request's penalties on one position's logits: the repetition penalty over prompt and
+    reply (as mlx-lm and vLLM apply it), presence and frequency over the reply (OpenAI's and
+    vLLM's: logit - presence * [seen] - frequency * count)."""
+    if params.repetition_penalty != 1.0:
+        logits = apply_repetition_penalty(logits, list(prompt) + generated, params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and generated:
+        counts = Counter(generated)
+        ids = mx.array(list(counts))
+        times = mx.array(list(counts.values()), dtype=mx.float32)
+        logits = logits.astype(mx.float32)
+        logits[..., ids] = logits[..., ids] - (params.presence_penalty + params.frequency_penalty * times)
     return logits
 
 

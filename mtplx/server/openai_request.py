@@ -159,9 +159,6 @@ def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -
     for key, what in UNSUPPORTED.items():
         if body.get(key) not in (None, False, {}, {"type": "text"}):
             raise bad_request(f"{what} is not supported by this server", key)
-    for key in ("frequency_penalty", "presence_penalty"):
-        if _number(body, key, default=0) not in (0, 0.0):
-            raise bad_request(f"{key} is not supported (use repetition_penalty)", key)
     if _number(body, "n", int, 1) != 1:
         raise bad_request("n must be 1", "n")
     # A large max_tokens is a client default, capped to the window once the prompt is known
@@ -184,6 +181,8 @@ def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -
             max_tokens=max_tokens,
             stop=stop,
             repetition_penalty=_number(body, "repetition_penalty", default=1.0),
+            presence_penalty=_number(body, "presence_penalty", default=0.0),
+            frequency_penalty=_number(body, "frequency_penalty", default=0.0),
             ignore_eos=body.get("ignore_eos", False),
         )
     except RequestError as exc:
