@@ -518,6 +518,11 @@ def bank_gc() -> None:
 
 
 def main() -> None:
+    import os
+
+    # transformers' import-time advice that PyTorch is missing: mtplx runs models on MLX and uses
+    # transformers for tokenizers and configs only, so the line would only mislead.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     app()
 
 
