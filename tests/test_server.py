@@ -316,3 +316,30 @@ def test_a_model_without_a_chat_template_says_so(tmp_path):
     finally:
         served.stop()
         engine.stop()
+
+
+def test_compressed_and_oversized_bodies(server):
+    import gzip
+    import zlib
+
+    url = server[0] + "/v1/chat/completions"
+    body = json.dumps({"model": "tiny-dense", "messages": ask("hi"), "max_tokens": 2}).encode()
+    for encoding, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        sent = httpx.post(url, content=data, headers={"content-type": "application/json", "content-encoding": encoding})
+        assert sent.status_code == 200, sent.text
+    refused = httpx.post(url, content=body, headers={"content-type": "application/json", "content-encoding": "br"})
+    assert refused.status_code == 415 and refused.json()["error"]["code"] == "unsupported_encoding"
+    bomb = gzip.compress(b" " * (20 << 20))  # 20 KB that inflates past the 16 MiB limit
+    assert len(bomb) < 100_000
+    sent = httpx.post(url, content=bomb, headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert sent.status_code == 413 and sent.json()["error"]["code"] == "body_too_large"
+    broken = httpx.post(url, content=b"not gzip", headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert broken.status_code == 400
+
+    def chunks():  # no content-length: the limit holds while the body arrives
+        for _ in range(20):
+            yield b" " * (1 << 20)
+
+    sent = httpx.post(url, content=chunks(), headers={"content-type": "application/json"})
+    assert sent.status_code == 413
+    assert httpx.get(server[0] + "/health").status_code == 200

@@ -26,6 +26,7 @@ from mtplx.server import anthropic_map, openai_response, responses
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
+from mtplx.server.request_body import read_body
 from mtplx.server.response_store import ResponseStore
 from mtplx.home import home_path
 from mtplx.server.context import window_of
@@ -96,7 +97,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     app.add_middleware(Guard, api_key=api_key, metrics=metrics, router=app.router)
 
     async def body_of(request: Request) -> tuple[bytes, dict]:
-        raw = await request.body()
+        raw = await read_body(request)
         recorder.record(request.method, request.url.path, request.headers, raw)
         return raw, parse_json(raw)
 
