@@ -343,3 +343,13 @@ def test_compressed_and_oversized_bodies(server):
     sent = httpx.post(url, content=chunks(), headers={"content-type": "application/json"})
     assert sent.status_code == 413
     assert httpx.get(server[0] + "/health").status_code == 200
+
+
+def test_openai_routes_answer_without_the_v1_prefix(server):
+    from openai import OpenAI
+
+    bare = OpenAI(base_url=server[0], api_key="x", max_retries=0)  # the server URL as given, no /v1
+    assert [m.id for m in bare.models.list().data] == ["tiny-dense"]
+    reply = bare.chat.completions.create(model="tiny-dense", messages=ask("hi"), max_tokens=2)
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    assert httpx.post(server[0] + "/completions", json={"model": "tiny-dense", "prompt": "x", "max_tokens": 2}).status_code == 200

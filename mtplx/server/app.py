@@ -118,11 +118,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 "mtp": engine.has_mtp, "mtp_notice": engine.checkpoint.mtp_notice}
 
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    @app.api_route("/models", methods=["GET", "HEAD"], include_in_schema=False)
     async def models():
         return {"object": "list", "data": [model_card()]}
 
     # OpenAI's "retrieve model": some clients check the configured model this way before a turn.
     @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}", include_in_schema=False)
     async def model(model_id: str):
         if model_id != model_name:
             raise ApiError(404, f"model {model_id!r} is not served here; this server serves {model_name!r}",
@@ -162,7 +164,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         return {"entries": await asyncio.to_thread(bank_watch.latest)}
 
     # -- OpenAI -----------------------------------------------------------------------------
+    # Each OpenAI route also answers without its /v1 prefix, as mlx_lm.server's does: a client
+    # configured with the bare server URL (an OpenAI SDK base_url of http://host:port) appends
+    # the route to it directly.
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions", include_in_schema=False)
     async def chat(request: Request):
         raw, body = await body_of(request)
         call = parse_chat(body, defaults, limit())
@@ -176,6 +182,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                          budget_headers(call, sub))
 
     @app.post("/v1/completions")
+    @app.post("/completions", include_in_schema=False)
     async def completions(request: Request):
         _, body = await body_of(request)
         prompt_text = body.get("prompt")
@@ -195,6 +202,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     # -- OpenAI Responses (Codex) -----------------------------------------------------------
     @app.post("/v1/responses")
+    @app.post("/responses", include_in_schema=False)
     async def responses_route(request: Request):
         raw, body = await body_of(request)
         call = responses.parse_response_call(body, defaults, limit(), response_store, signer)
