@@ -60,6 +60,11 @@ def test_models_and_health(server, client):
     assert client.models.retrieve("tiny-dense").id == "tiny-dense"
     missing = httpx.get(server[0] + "/v1/models/gpt-9")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    import anthropic  # Anthropic's SDK lists and retrieves models from the same routes, strictly validated
+
+    claude = anthropic.Anthropic(base_url=server[0], api_key="x", max_retries=0, _strict_response_validation=True)
+    assert [m.id for m in claude.models.list().data] == ["tiny-dense"]
+    assert claude.models.retrieve("tiny-dense").display_name == "tiny-dense"
 
 
 @pytest.mark.parametrize("route,body", [

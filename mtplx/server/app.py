@@ -112,7 +112,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     def model_card() -> dict:
         window = window_of(engine)  # context_window (+ max_model_len, as vLLM names it) is what a request may use
+        # OpenAI's fields and Anthropic's (type, display_name, created_at), so either SDK's models.list() reads it
         return {"id": model_name, "object": "model", "created": 0, "owned_by": "mtplx",
+                "type": "model", "display_name": model_name, "created_at": "1970-01-01T00:00:00Z",
+                "lifecycle": "active", "max_input_tokens": window.tokens,
                 **window.describe(), "max_model_len": window.tokens,
                 # whether it speculates, and if not, why (one sentence)
                 "mtp": engine.has_mtp, "mtp_notice": engine.checkpoint.mtp_notice}
@@ -120,7 +123,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
     @app.api_route("/models", methods=["GET", "HEAD"], include_in_schema=False)
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card()], "has_more": False, "first_id": model_name, "last_id": model_name}
 
     # OpenAI's "retrieve model": some clients check the configured model this way before a turn.
     @app.get("/v1/models/{model_id:path}")
