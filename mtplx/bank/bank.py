@@ -342,6 +342,7 @@ class SessionBank:
         a failing one, so the tier is not degraded and nothing is retried for it."""
         room = []
         if not self._ssd_do(lambda: room.append(self.ssd.make_room(staged.nbytes)), staged.entry.entry_id):
+            self.pending_writes.appendleft(staged.entry)  # a failing disk: retried after the back-off
             return False
         if room[0] is None:
             free = shutil.disk_usage(self.ssd.config.root).free
