@@ -21,10 +21,14 @@ def load_settings() -> dict:
 
 
 def save_settings(settings: dict) -> None:
+    """Written aside, then renamed: a full disk or a crash leaves the old file whole (and raises)."""
     path = _file()
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(settings, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(settings, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def tuned_default(identity: str) -> dict | None:

@@ -90,8 +90,12 @@ def _choose(costs: step_costs.StepCosts, acceptance: list[float], speeds: dict, 
     echo(f"chosen {why}: {'ar' if depth is None else f'depth {depth}'}"
          + (" (stored as this model's default)" if save else ""))
     if save:
-        store_tuned(identity, depth is not None, depth or 1, measured
-                    | {"predicted": {k: costs.speedup(k, acceptance) for k in range(1, len(acceptance) + 1)}})
+        try:
+            store_tuned(identity, depth is not None, depth or 1, measured
+                        | {"predicted": {k: costs.speedup(k, acceptance) for k in range(1, len(acceptance) + 1)}})
+        except OSError as exc:  # a full or read-only home: the measurements above still stand
+            echo(f"could not store it as the default ({exc}); pass --depth {depth} (or --no-mtp) instead"
+                 if depth is not None else f"could not store it as the default ({exc}); pass --no-mtp instead")
     return measured | {"chosen": depth}
 
 

@@ -3,6 +3,8 @@ rounds cycle through prompts of different kinds (a depth tuned on one kind of te
 
 from __future__ import annotations
 
+import pytest
+
 from mtplx import tuning
 from mtplx.engine.engine import Engine
 
@@ -28,3 +30,19 @@ def test_tune_rotates_prompts_and_compares_arms_on_the_same_one(monkeypatch):
     assert {d for _, mtp, d in rounds[0] if mtp} == {1, 2, 3, 4}
     assert set(result) == {"ar", "depth 1", "depth 2", "depth 3", "depth 4", "chosen"}
     assert any(line.startswith("chosen") for line in lines)
+
+
+def test_a_failed_settings_write_keeps_the_old_file_whole(tmp_path, monkeypatch):
+    import mtplx.settings as settings
+
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path))
+    settings.store_tuned("model-a", True, 3, {"ar": 1.0})
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(settings.os, "replace", full)
+    with pytest.raises(OSError):
+        settings.store_tuned("model-b", False, 1, {"ar": 1.0})
+    assert settings.tuned_default("model-a")["depth"] == 3 and settings.tuned_default("model-b") is None
+    assert [p.name for p in tmp_path.iterdir()] == ["settings.json"]  # no temp file left
