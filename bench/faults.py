@@ -200,19 +200,35 @@ def abort_rows(cold) -> None:
             row(f"client abandons in {phase}", 2, int(follow.status_code != 200), ok, cached_of(follow),
                 f"(abandoned: {abandoned.finish_reason if abandoned else '?'} after "
                 f"{abandoned.completion_tokens if abandoned else '?'} tokens; follow-up TTFT {ttft:.2f}s vs {length})")
-        # queued: a long request runs, a second waits and its client leaves
-        long_body = {"model": MODEL, "messages": FIRST, "max_tokens": 300, "temperature": 0, "ignore_eos": True}
-        mark = len(served.events)
-        runner = threading.Thread(target=lambda: httpx.post(served.url + "/v1/chat/completions", json=long_body,
-                                                            timeout=120))
+    finally:
+        served.close()
+
+
+def queued_abort_row() -> None:
+    """A request waits in the queue only while the scheduler is full (max_batch 1 here): its
+    client leaves while a long stream runs, and it must never run."""
+    served = Served(None, bank=False, max_batch=1)
+    try:
+        long_body = {"model": MODEL, "messages": FIRST, "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
+        abandoned, mark = threading.Event(), len(served.events)
+
+        def stream_until_abandoned():  # the running request streams until the queued one is given up
+            with httpx.stream("POST", served.url + "/v1/chat/completions", json=dict(long_body, stream=True),
+                              timeout=120) as response:
+                for _ in response.iter_lines():
+                    if abandoned.is_set():
+                        return
+
+        runner = threading.Thread(target=stream_until_abandoned)
         runner.start()
-        time.sleep(0.3)
+        time.sleep(1.0)
         try:
             httpx.post(served.url + "/v1/chat/completions", json=dict(long_body, max_tokens=8),
                        timeout=httpx.Timeout(120, read=0.5))
         except httpx.ReadTimeout:
             pass
-        runner.join()
+        abandoned.set()
+        runner.join(120)
         follow = served.chat(FIRST)
         fins = [e for e in served.events[mark:] if type(e).__name__ == "Finished"]
         queued = [f for f in fins if f.completion_tokens == 0 and f.finish_reason == "cancelled"]
@@ -243,7 +259,7 @@ def banked_abort_row(cold) -> None:
 def engine_death_row() -> None:
     served = Served(None, bank=False)
     try:
-        served.engine._serve = lambda sub: (_ for _ in ()).throw(SystemExit("simulated engine crash"))
+        served.engine._begin = lambda sub: (_ for _ in ()).throw(SystemExit("simulated engine crash"))
         t = time.perf_counter()
         first = served.chat(FIRST)
         health = httpx.get(served.url + "/health")
@@ -298,6 +314,7 @@ def main() -> None:
     disk_rows(cold)
     real_full_disk_row()
     abort_rows(cold)
+    queued_abort_row()
     banked_abort_row(cold)
     engine_death_row()
     sigterm_row()
