@@ -128,6 +128,25 @@ def test_images_and_documents_become_placeholders_also_in_tool_results(url):
     assert httpx.post(url + "/v1/chat/completions", json={"messages": chat, "max_tokens": 4}, timeout=60).status_code == 200
 
 
+def test_text_documents_and_search_results_reach_the_model_as_text():
+    from mtplx.server.media import attached
+    from mtplx.server.openai_request import parse_messages
+
+    doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "line one"}, "title": "notes.txt"}
+    assert attached(doc) == "[document 'notes.txt']\nline one"
+    blocks = {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}}
+    assert attached(blocks) == "[document]\na\nb"
+    found = {"type": "search_result", "source": "https://docs.example/x", "title": "X",
+             "content": [{"type": "text", "text": "X does y."}]}
+    assert attached(found) == "[search result: X — https://docs.example/x]\nX does y."
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    assert "attached; this model reads text only" in attached(pdf)
+    # an OpenAI assistant turn that refused comes back as its refusal text
+    said = parse_messages([{"role": "user", "content": "hi"},
+                           {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]}])
+    assert said[1]["content"] == "I can't."
+
+
 def test_anthropic_errors_have_anthropic_shape(url):
     r = httpx.post(url + "/v1/messages", json={"max_tokens": 2**31, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"

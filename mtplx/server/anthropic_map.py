@@ -9,7 +9,7 @@ import uuid
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished, Tokens
 from mtplx.server.api_error import bad_request
-from mtplx.server.media import ANTHROPIC_MEDIA, placeholder
+from mtplx.server.media import ANTHROPIC_MEDIA, attached
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
@@ -34,13 +34,14 @@ def _blocks(content, p: str) -> list[dict]:
 
 
 def _text_of(content, p: str, media: bool = False) -> str:
-    """Text blocks joined; with `media`, image/document blocks become a short placeholder."""
+    """Text blocks joined; with `media`, image/document/search-result blocks become their text or
+    a short placeholder (server/media.py)."""
     if isinstance(content, str):
         return _check_text(content, p)
     parts = []
     for i, b in enumerate(_blocks(content, p)):
         if media and b["type"] in ANTHROPIC_MEDIA:
-            parts.append(placeholder(b))
+            parts.append(attached(b))
             continue
         if b["type"] != "text" or not isinstance(b.get("text"), str):
             raise bad_request(f"{p}[{i}] must be a text block", f"{p}[{i}]")
@@ -125,7 +126,7 @@ def _user(blocks: list[dict], p: str) -> list[dict]:
         elif b["type"] == "text":
             text.append(_check_text(str(b.get("text", "")), f"{p}.content"))
         elif b["type"] in ANTHROPIC_MEDIA:
-            text.append(placeholder(b))
+            text.append(attached(b))
         else:
             raise bad_request(f"{p}: content block type {b['type']!r} is not supported", p)
     if text:

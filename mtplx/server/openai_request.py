@@ -71,6 +71,9 @@ def message_text(content, param: str) -> str:
             if isinstance(part, dict) and part.get("type") in OPENAI_MEDIA:
                 parts.append(placeholder(part))
                 continue
+            if isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+                parts.append(_check_text(part["refusal"], f"{param}[{i}].refusal"))  # an assistant's refusal, as said
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise bad_request(f"{param}[{i}] must be a text part ({{'type': 'text', 'text': ...}})", f"{param}[{i}]")
             parts.append(_check_text(part["text"], f"{param}[{i}].text"))
