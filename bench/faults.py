@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from tests.test_faults import (FIRST, LONG, MODEL, Served, _damage, _fail_writes, _serve_process,  # noqa: E402
-                               abandon_in_prefill, second_turn, serve_on_busy_port, sigterm_mid_stream)
+                               abandon_in_prefill, second_turn, serve_on_busy_port, sigterm_mid_stream,
+                               stream_until)
 
 ROWS: list[tuple] = []
 
@@ -211,15 +212,7 @@ def queued_abort_row() -> None:
     try:
         long_body = {"model": MODEL, "messages": FIRST, "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
         abandoned, mark = threading.Event(), len(served.events)
-
-        def stream_until_abandoned():  # the running request streams until the queued one is given up
-            with httpx.stream("POST", served.url + "/v1/chat/completions", json=dict(long_body, stream=True),
-                              timeout=120) as response:
-                for _ in response.iter_lines():
-                    if abandoned.is_set():
-                        return
-
-        runner = threading.Thread(target=stream_until_abandoned)
+        runner = threading.Thread(target=stream_until, args=(served.url, long_body, abandoned))
         runner.start()
         time.sleep(1.0)
         try:

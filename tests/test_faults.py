@@ -291,6 +291,15 @@ def test_abandoned_non_streaming_request_is_cancelled(cold):
         served.close()
 
 
+def stream_until(url: str, body: dict, stop: threading.Event) -> None:
+    """Stream `body`'s chat reply until `stop` is set: a running request that outlasts whatever
+    the caller does meanwhile, however fast this machine decodes."""
+    with httpx.stream("POST", url + "/v1/chat/completions", json=dict(body, stream=True), timeout=120) as response:
+        for _ in response.iter_lines():
+            if stop.is_set():
+                return
+
+
 def test_abandoned_while_queued_never_runs(cold):
     served = Served(None, bank=False, max_batch=1)  # a request waits in the queue only while the scheduler is full
     try:
@@ -299,15 +308,7 @@ def test_abandoned_while_queued_never_runs(cold):
         # machine decodes (a fixed 300 tokens once ended before the queued request's client gave up).
         long_body = {"model": MODEL, "messages": FIRST, "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
         abandoned = threading.Event()
-
-        def stream_until_abandoned():
-            with httpx.stream("POST", served.url + "/v1/chat/completions", json=dict(long_body, stream=True),
-                              timeout=120) as response:
-                for _ in response.iter_lines():
-                    if abandoned.is_set():
-                        return
-
-        first = threading.Thread(target=stream_until_abandoned)
+        first = threading.Thread(target=stream_until, args=(served.url, long_body, abandoned))
         first.start()
         running = _request_id(served, mark)
         mark = len(served.events)
