@@ -131,3 +131,16 @@ def test_the_newest_turns_renderings_run_first_and_replace_what_they_extend():
     note = executor._preempt_render_ahead(list(range(15)))  # the tool turn came: covers `tool` only
     assert note == "queued: not started (12 tokens)"
     assert [j for j, _ in executor.jobs] == [not_mine, stripped, other]
+
+
+def test_the_idle_queue_is_bounded_when_clients_never_leave_idle_time():
+    """Many sessions back to back (no idle time between requests): only the newest renderings stay
+    queued. Unbounded, the queue held every conversation's job, the ones under way with their
+    partial state: `mtplx serve` grew by ~7 MB a request (246 -> 2991 MiB over 400 requests)."""
+    from mtplx.engine.bank_executor import MAX_JOBS, BankExecutor, RenderJob
+
+    executor = BankExecutor(runner=None, bank=None, chunk_size=256)  # generators never started here
+    jobs = [RenderJob([s, s, s], True, f"session {s}") for s in range(3 * MAX_JOBS)]
+    for job in jobs:
+        executor._queue_first([job])
+    assert [j for j, _ in executor.jobs] == jobs[::-1][:MAX_JOBS]  # the newest, newest first

@@ -104,6 +104,11 @@ class RenderJob:
     preempted: bool = False  # a request arrived: stop at the next chunk boundary, keep what is done
 
 
+# Renderings queued for idle time, newest first: a few agents' next turns (each turn queues one
+# or two, and an agent's next turn drops its previous ones). Past this, the oldest are dropped.
+MAX_JOBS = 8
+
+
 def _extends(tokens, prefix: list[int]) -> bool:
     return len(prefix) <= len(tokens) and list(tokens[: len(prefix)]) == prefix
 
@@ -208,6 +213,10 @@ class BankExecutor:
         self._drop(stale)
         for job in reversed(new):
             self.jobs.appendleft((job, self._render_ahead(job)))
+        # The queue is bounded: clients that never leave idle time (many sessions back to back)
+        # would otherwise queue jobs without end, each one under way holding its partial state.
+        # The oldest go; one under way keeps its computed prefix in the bank, under its budget.
+        self._drop(list(range(MAX_JOBS, len(self.jobs))))
 
     def _drop(self, indices: list[int]) -> None:
         """Remove queued jobs; one under way stops at its chunk boundary and keeps what it did."""
