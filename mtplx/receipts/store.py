@@ -109,7 +109,6 @@ class ReceiptStore:
         self.path = path
         self.writable = True
         self.backlog: deque[dict] = deque()
-        self._stored: set = set()  # ids the last flush wrote
         self.db: sqlite_utils.Database | None = None
         try:  # a damaged file is set aside and a new store started: the turns to come keep their receipts
             opened(path, "receipt store", self._open)
@@ -149,17 +148,17 @@ class ReceiptStore:
             dropped = self.backlog.popleft()
             log.warning("receipt %s dropped: %d receipts wait for the disk already", dropped.get("id"), BACKLOG)
         self.backlog.append(row)
-        self.flush()
-        return row.get("id") in self._stored
+        return row.get("id") in self.flush()
 
-    def flush(self) -> int:
-        """Write the rows held back, oldest first; how many are left (0: none)."""
-        self._stored = set()
+    def flush(self) -> set:
+        """Write the rows held back, oldest first; the ids written (what the disk refused stays
+        in `backlog`)."""
+        stored = set()
         while self.backlog and self.writable:
             row = self.backlog[0]
             try:
                 self.db["receipts"].insert(row, alter=False)
-                self._stored.add(row.get("id"))
+                stored.add(row.get("id"))
             except (sqlite3.Error, sqlite_utils.db.NotFoundError) as exc:
                 if _passing(exc):
                     if len(self.backlog) == 1:  # one line per outage, not one per held row
@@ -167,7 +166,7 @@ class ReceiptStore:
                     break
                 log.warning("receipt %s not stored: %s", row.get("id"), exc)
             self.backlog.popleft()
-        return len(self.backlog)
+        return stored
 
     def claim(self, session: str, since_utc: str, fields: dict) -> str | None:
         """Complete the server's own row for a turn a replay client just sent (an in-process or

@@ -59,7 +59,8 @@ class ReceiptWriter:
     def close(self) -> None:
         """The engine stops: one last try at the receipts a full disk held back."""
         with self.lock:
-            if self.store.flush():
+            self.store.flush()
+            if self.store.backlog:
                 log.warning("%d receipts not stored: the disk still refuses them", len(self.store.backlog))
 
     def _body(self, request) -> str:
