@@ -464,6 +464,15 @@ def test_signing_key_is_whole_or_absent_even_on_a_full_disk(tmp_path, monkeypatc
     def full(fd):
         raise OSError(28, "No space left on device")
 
+    def no_links(src, dst):  # exFAT and some network file systems
+        raise OSError(1, "Operation not permitted")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(signature.os, "link", no_links)
+        linkless = tmp_path / "exfat" / "signing.key"
+        assert Signer(lambda: linkless).key == linkless.read_bytes()  # renamed into place instead
+        assert sorted(p.name for p in linkless.parent.iterdir()) == ["signing.key"]
+
     monkeypatch.setattr(signature.os, "fsync", full)
     elsewhere = tmp_path / "full" / "signing.key"
     signer = Signer(lambda: elsewhere)

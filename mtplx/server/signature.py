@@ -86,6 +86,8 @@ def _load_or_create(path: Path) -> bytes:
             os.link(tmp, path)
         except FileExistsError:  # another server made it first: use that one
             return _load_or_create(path)
+        except OSError:  # a file system without hard links (exFAT): renamed instead, still whole
+            os.replace(tmp, path)
         return key
     except OSError as exc:
         log.warning("signing key not saved (%s): thinking signatures last until this server stops", exc)

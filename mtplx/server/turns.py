@@ -1,8 +1,9 @@
 """From a validated chat call to engine events, for async handlers.
 
-Rendering goes through the encode cache, on a worker thread; the prompt is checked against the context window when
-submitted (so an over-long prompt fails before any byte of a stream); events are read from the
-engine's queue off the event loop, and leaving early (a dropped client) cancels the generation.
+Rendering goes through the encode cache, on a worker thread; the prompt is checked against the
+context window when submitted (so an over-long prompt fails before any byte of a stream); events
+are read from the engine's queue off the event loop, and leaving early (a dropped client)
+cancels the generation.
 """
 
 from __future__ import annotations
