@@ -9,7 +9,7 @@ import uuid
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished, Tokens
 from mtplx.server.api_error import bad_request
-from mtplx.server.media import ANTHROPIC_MEDIA, attached
+from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
@@ -40,7 +40,7 @@ def _text_of(content, p: str, media: bool = False) -> str:
         return _check_text(content, p)
     parts = []
     for i, b in enumerate(_blocks(content, p)):
-        if media and b["type"] in ANTHROPIC_MEDIA:
+        if media and b["type"] in ANTHROPIC_ATTACHMENTS:
             parts.append(attached(b))
             continue
         if b["type"] != "text" or not isinstance(b.get("text"), str):
@@ -125,7 +125,7 @@ def _user(blocks: list[dict], p: str) -> list[dict]:
                         "content": _text_of(result, f"{p}.content", media=True) if result is not None else ""})
         elif b["type"] == "text":
             text.append(_check_text(str(b.get("text", "")), f"{p}.content"))
-        elif b["type"] in ANTHROPIC_MEDIA:
+        elif b["type"] in ANTHROPIC_ATTACHMENTS:
             text.append(attached(b))
         else:
             raise bad_request(f"{p}: content block type {b['type']!r} is not supported", p)

@@ -8,7 +8,7 @@ model instead of a placeholder."""
 
 from __future__ import annotations
 
-ANTHROPIC_MEDIA = {"image", "document", "search_result"}
+ANTHROPIC_ATTACHMENTS = {"image", "document", "search_result"}
 OPENAI_MEDIA = {"image_url", "input_image", "input_audio", "file", "input_file"}
 
 
