@@ -94,8 +94,8 @@ def _choose(costs: step_costs.StepCosts, acceptance: list[float], speeds: dict, 
             store_tuned(identity, depth is not None, depth or 1, measured
                         | {"predicted": {k: costs.speedup(k, acceptance) for k in range(1, len(acceptance) + 1)}})
         except OSError as exc:  # a full or read-only home: the measurements above still stand
-            echo(f"could not store it as the default ({exc}); pass --depth {depth} (or --no-mtp) instead"
-                 if depth is not None else f"could not store it as the default ({exc}); pass --no-mtp instead")
+            echo(f"could not store it as the default ({exc}); pass {'--no-mtp' if depth is None else f'--depth {depth}'}"
+                 " instead")
     return measured | {"chosen": depth}
 
 
