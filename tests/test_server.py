@@ -169,7 +169,11 @@ BAD = [b"{not json", b"[]", b'"x"', b"42", b"null", b'{"messages": "hi"}', b'{"m
        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
        b'{"messages": [{"role": "user", "content": "x"}], "n": 2}',
        b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
-       b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}']
+       b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}',
+       b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": 5}}',
+       b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
+       b'"json_schema": {"name": "t", "schema": {"type": "objectx"}}}}',
+       b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}}']
 
 
 @pytest.mark.parametrize("body", BAD)

@@ -54,7 +54,8 @@ class Generation:
         self.eos_ids = set() if request.sampling.ignore_eos else eos_ids
         self.submitted_at = submitted_at
         self.sampler = Sampler(self.params)
-        rule = request.tool_rule
+        rule = _rule_of(request)
+        self.rule = rule
         # A history-free rule (no tools: the call token banned) as a plain transform of logits of
         # any leading shape, so greedy drafts stay one lazy chain (see Speculator) and a batch's
         # argmax rows need no per-row pick. A rule that reads history shapes position by position.
@@ -291,9 +292,8 @@ class Generation:
         return token
 
     def _ruled(self, logits: mx.array, drafted: list[int]) -> mx.array:
-        """A position's logits under the request's tool rule; `drafted`: tokens after the generated ones."""
-        rule = self.request.tool_rule
-        return logits if rule is None else rule.apply(logits, self.generated + drafted)
+        """A position's logits under the request's rules; `drafted`: tokens after the generated ones."""
+        return logits if self.rule is None else self.rule.apply(logits, self.generated + drafted)
 
     def _ar_step(self, last: int) -> tuple[int, mx.array]:
         """Feed `last`; the next token, and the hidden at `last`'s position (an MTP pair's half)."""
@@ -343,3 +343,16 @@ def events(gen: Generation, start: StartPoint, cancelled: Callable[[], bool],
     if tail:
         yield Tokens(gen.request.request_id, (), tail, gen.segments.current)
     yield finished
+
+
+def _rule_of(request: GenerationRequest):
+    """The request's rules on the logits as one: a tool rule, an output schema, or both. A call the
+    reply must make is the whole reply, so "required" leaves no room for a schema."""
+    tool, output = request.tool_rule, request.output_rule
+    if output is None or (tool is not None and tool.mode == "required"):
+        return tool
+    if tool is None:
+        return output
+    from mtplx.engine.output_rule import BothRules
+
+    return BothRules(tool, output)

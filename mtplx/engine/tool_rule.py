@@ -76,15 +76,19 @@ class ToolRule:
 
 
     def _content_start(self, history: Sequence[int]) -> int | None:
-        """Where the visible reply starts in `history`, or None while reasoning."""
-        if self.think is None:
-            return 0
-        close = _index(history, self.think[1])
-        if close is not None:
-            return close + 1
-        if self.starts_in_reasoning or (history and history[0] == self.think[0]):
-            return None
+        return content_start(history, self.think, self.starts_in_reasoning)
+
+
+def content_start(history: Sequence[int], think: tuple[int, int] | None, starts_in_reasoning: bool) -> int | None:
+    """Where the visible reply starts in `history` (a reply's tokens), or None while reasoning."""
+    if think is None:
         return 0
+    close = _index(history, think[1])
+    if close is not None:
+        return close + 1
+    if starts_in_reasoning or (history and history[0] == think[0]):
+        return None
+    return 0
 
 
 def _index(history: Sequence[int], token: int) -> int | None:

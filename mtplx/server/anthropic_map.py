@@ -8,6 +8,7 @@ import uuid
 
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished, Tokens
+from mtplx.server import output_format
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
@@ -158,13 +159,15 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
         mapped["stop"] = body["stop_sequences"]
     stream = stream_flag(body)
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
-                    thinking_flag(body.get("thinking")), from_anthropic(body.get("tool_choice"), tools))
+                    thinking_flag(body.get("thinking")), from_anthropic(body.get("tool_choice"), tools),
+                    output_format.from_anthropic(body.get("output_config")))
 
 
 def with_format(messages: list[dict], config) -> list[dict]:
-    """`output_config.format` (Claude Code's title request asks for a JSON schema): this server has
-    no grammar on the logits, so the schema is asked for at the end of the system prompt; the reply
-    is neither constrained nor validated (docs/server.md). Any other format is a 400."""
+    """`output_config.format` (Claude Code's title request asks for a JSON schema): the schema is
+    also asked for at the end of the system prompt, since Claude is told it and a local model
+    otherwise writes the document blind (the fields' names come from the schema alone); the
+    reply is held to it on the logits (server/output_format.py). Any other format is a 400."""
     fmt = config.get("format") if isinstance(config, dict) else None
     if fmt is None:
         return messages

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from mtplx.bank.watch import BankWatch
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
-from mtplx.server import anthropic_map, openai_response, responses
+from mtplx.server import anthropic_map, openai_response, output_format, responses
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
@@ -195,7 +195,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if body.get("stream_options") is not None and not stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        call = ChatCall([], None, sampling_from(body, defaults, limit()), stream, include_usage)
+        call = ChatCall([], None, sampling_from(body, defaults, limit()), stream, include_usage,
+                        schema=output_format.from_openai(body.get("response_format")))
+        if call.schema is not None:
+            call.grammar = await asyncio.to_thread(output_format.compile_for, engine, call.schema)
         sub = submit(engine, call, await asyncio.to_thread(tokenizer.encode, prompt_text), "api", session_from(request.headers))
         if not stream:
             return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request,

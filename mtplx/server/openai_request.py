@@ -12,14 +12,15 @@ from mtplx.errors import RequestError
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.context import check_max_tokens
 from mtplx.server.media import OPENAI_MEDIA, placeholder
+from mtplx.server import output_format
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import ToolChoice, from_openai
 
 MAX_BODY = 16 << 20
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Fields that change what the model must do; accepting them silently would be a lie.
-UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "response_format": "response_format",
-               "logit_bias": "logit_bias", "functions": "functions (use tools)", "audio": "audio"}
+UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "logit_bias": "logit_bias",
+               "functions": "functions (use tools)", "audio": "audio"}
 
 
 @dataclass
@@ -31,6 +32,8 @@ class ChatCall:
     include_usage: bool = False
     enable_thinking: bool | None = None
     tool_choice: ToolChoice = ToolChoice()
+    schema: dict | None = None  # the reply held to this JSON schema (server/output_format.py)
+    grammar: object = None  # the schema compiled for the model's tokenizer, when the call is encoded
 
 
 def _reject_constant(name: str):
@@ -206,4 +209,5 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be a boolean", "enable_thinking")
     return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
-                    bool(options.get("include_usage")), thinking, from_openai(body.get("tool_choice"), tools))
+                    bool(options.get("include_usage")), thinking, from_openai(body.get("tool_choice"), tools),
+                    output_format.from_openai(body.get("response_format")))

@@ -18,6 +18,7 @@ import uuid
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished, Tokens
 from mtplx.reply_stream import Piece
+from mtplx.server import output_format
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import OPENAI_MEDIA, placeholder
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
@@ -104,16 +105,6 @@ def to_messages(body: dict, previous: list[dict], signer: Signer | None = None) 
     return out
 
 
-def text_format(text) -> None:
-    """`text.format`: plain text is what this server writes; a JSON schema or JSON object is
-    refused, as /v1/chat/completions refuses `response_format` (no grammar on the logits).
-    `text.verbosity` is accepted and not used."""
-    fmt = text.get("format") if isinstance(text, dict) else None
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise bad_request("text.format other than {\"type\": \"text\"} (structured output) is not supported by this server",
-                          "text.format")
-
-
 def to_tools(raw) -> list[dict] | None:
     if raw is None:
         return None
@@ -136,7 +127,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise bad_request("previous_response_id must be a string", "previous_response_id")
-    text_format(body.get("text"))
+    schema = output_format.from_responses(body.get("text"))
     messages = to_messages(body, store.get(previous) if previous else [], signer)
     tools = to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
@@ -147,7 +138,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     thinking = False if effort in ("none", "minimal") else None
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
-                    from_openai(body.get("tool_choice"), tools))
+                    from_openai(body.get("tool_choice"), tools), schema)
 
 
 def usage(fin: Finished) -> dict:

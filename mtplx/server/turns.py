@@ -18,6 +18,7 @@ from mtplx.chat import chat_request, render
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
 from mtplx.events import TERMINAL, EngineEvent
+from mtplx.server import output_format
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.context import fit
 from mtplx.server.encode_cache import EncodeCache
@@ -68,6 +69,8 @@ def _body_session(body: dict) -> str | None:
 
 
 def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -> list[int]:
+    if call.schema is not None and call.grammar is None:
+        call.grammar = output_format.compile_for(engine, call.schema)
     key = cache.key(route, raw)
     hit = cache.get(key)
     if hit is not None:
@@ -115,15 +118,20 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
     """Queue the turn with max_tokens capped to what the window leaves (sub.request holds the cap)
     and the tool choice as a rule on the logits (`rules`: the tokenizer's, when it can steer)."""
     budget = fit(call.sampling, len(prompt), engine.context_window)
-    rule = rules.rule(call.tool_choice, starts_in_reasoning(engine.checkpoint.tokenizer, prompt)) if rules and call.messages else None
+    tokenizer = engine.checkpoint.tokenizer
+    rule = rules.rule(call.tool_choice, starts_in_reasoning(tokenizer, prompt)) if rules and call.messages else None
+    if call.schema is not None and call.grammar is None:  # a caller that did not encode through `encode`
+        call.grammar = output_format.compile_for(engine, call.schema)
+    output_rule = output_format.rule_for(call, rules, tokenizer, starts_in_reasoning(tokenizer, prompt))
     try:
         text = raw.decode("utf-8", "replace") if raw else None
         if call.messages:
             request = chat_request(engine.checkpoint.tokenizer, call.messages, call.tools, sampling=budget.sampling,
                                    enable_thinking=call.enable_thinking, prompt=prompt, session=session, source=source,
-                                   tool_rule=rule, raw=text)
+                                   tool_rule=rule, output_rule=output_rule, raw=text)
         else:  # a text completion: a prompt, no chat
-            request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text)
+            request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text,
+                                        output_rule=output_rule)
         sub = engine.submit(request)
     except RequestError as exc:
         raise bad_request(str(exc), "messages", "context_length_exceeded" if "context window" in str(exc) else None) from None

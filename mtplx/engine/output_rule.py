@@ -1,0 +1,166 @@
+"""A reply held to a JSON schema: structured output enforced on the logits, not checked after.
+
+llguidance compiles the schema into a grammar over the model's own tokens and answers, for the
+tokens written so far, which next tokens keep the text a prefix of a document the schema accepts
+(and, once the document is whole, only the end-of-turn tokens). `apply` masks one position's
+logits to that set. The generation loop calls it where it calls a tool rule — autoregressive
+picks, MTP drafts and every row of a verify, each with the tokens before it — so MTP under a
+schema keeps exactly what autoregressive decoding under it keeps.
+
+Reasoning stays free: with reasoning tags the schema starts after the closing tag (a model may
+open its reasoning where the reply starts). Where the request lets the model call a tool, the
+tool-call opening token is allowed until the document's first character, and once a call is
+open the schema steps aside (the call is the reply).
+
+One matcher per request, on the engine thread. Calls come with growing histories, and with a
+draft chain's speculative tails that the next call drops, so the matcher follows the history by
+rolling back to the common prefix and consuming the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from mtplx.engine.tool_rule import content_start
+
+# Leading blank text before the document (Qwen writes "\n\n" after its reasoning), bounded so a
+# model cannot fill its budget with newlines.
+_LEAD = r"/[ \t\r\n]{0,8}/"
+
+_tokenizers: dict[int, object] = {}
+_lock = threading.Lock()
+
+
+def ll_tokenizer(tokenizer, eos_ids: Sequence[int]):
+    """llguidance's view of the model's tokenizer (an mlx-lm wrapper or a Hugging Face fast
+    tokenizer), built once per tokenizer: ~1 s for a 150k-token vocabulary."""
+    import llguidance.hf
+    from transformers import PreTrainedTokenizerFast
+
+    # mlx-lm's wrapper holds the Hugging Face tokenizer (and passes its attributes through).
+    hf = tokenizer if isinstance(tokenizer, PreTrainedTokenizerFast) else getattr(tokenizer, "_tokenizer", tokenizer)
+    key = id(hf)
+    with _lock:
+        if key not in _tokenizers:
+            _tokenizers[key] = (hf, llguidance.hf.from_tokenizer(hf, eos_token=sorted(eos_ids) or None))
+        return _tokenizers[key][1]
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A schema compiled for one tokenizer; `OutputRule`s are started from it."""
+    text: str  # llguidance's grammar
+    tokenizer: object  # llguidance.LLTokenizer
+    schema: dict
+    eos: frozenset[int]
+
+    @classmethod
+    def from_schema(cls, schema: dict, tokenizer, eos_ids) -> "Grammar":
+        """Raises ValueError naming what is wrong with the schema."""
+        import llguidance
+
+        # The document is written with fixed separators and no other blank text: with free
+        # whitespace between tokens (llguidance's default) a model can pad with newlines until
+        # its budget ends, and small ones do. Keywords llguidance does not enforce are accepted
+        # (and not enforced) rather than refused.
+        options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                   "lenient": True} | (schema.get("x-guidance") or {})
+        try:
+            text = llguidance.LLMatcher.grammar_from_lark(
+                f"start: {_LEAD} document\ndocument: %json {json.dumps(schema | {'x-guidance': options})}")
+        except (ValueError, TypeError) as exc:
+            raise ValueError(str(exc)) from None
+        problem = llguidance.LLMatcher.validate_grammar(text, tokenizer)
+        if problem:
+            raise ValueError(problem)
+        return cls(text, tokenizer, schema, frozenset(eos_ids))
+
+
+class OutputRule:
+    history_free = False  # each position's set depends on the tokens before it
+
+    def __init__(self, grammar: Grammar, *, think: tuple[int, int] | None = None, starts_in_reasoning: bool = False,
+                 call_open: int | None = None):
+        import llguidance
+
+        self.grammar = grammar
+        self.matcher = llguidance.LLMatcher(grammar.tokenizer, grammar.text)
+        self.think, self.starts_in_reasoning, self.call_open = think, starts_in_reasoning, call_open
+        self._fed: list[int] = []  # reply tokens the matcher has consumed (after any reasoning)
+        self._blank: dict[int, bool] = {}
+
+    def apply(self, logits: mx.array, history: Sequence[int]) -> mx.array:
+        """The logits of one position (last axis = vocabulary) after the rule."""
+        start = content_start(history, self.think, self.starts_in_reasoning)
+        if start is None:  # reasoning
+            return logits
+        content = list(history[start:])
+        if self.call_open is not None and self.call_open in content:
+            return logits
+        if any(t in self.grammar.eos for t in content):
+            return logits  # nothing after the end of the turn is kept (and the matcher is not fed it:
+            # it cannot take the end token again after rolling it back)
+        if not self._follow(content):
+            return logits  # the matcher lost the text (see _follow); never block the reply
+        allowed = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), np.uint8), bitorder="little")
+        width = logits.shape[-1]
+        allowed = allowed[:width] if allowed.size >= width else np.pad(allowed, (0, width - allowed.size))
+        extra = []
+        if all(self._is_blank(t) for t in content):
+            if self.call_open is not None:
+                extra.append(self.call_open)
+            if not history and self.think is not None and not self.starts_in_reasoning:
+                extra.append(self.think[0])  # the model may open its reasoning first
+        allowed = allowed.astype(bool)
+        allowed[[t for t in extra if t < width]] = True
+        return mx.where(mx.array(allowed), logits, -mx.inf)
+
+    def _follow(self, content: list[int]) -> bool:
+        """Bring the matcher to `content`: roll back to the common prefix, consume the rest."""
+        n = 0
+        for a, b in zip(self._fed, content):
+            if a != b:
+                break
+            n += 1
+        if n < len(self._fed):
+            if self.matcher.rollback(len(self._fed) - n):
+                del self._fed[n:]
+            else:  # past what it can roll back: start over
+                self.matcher.reset()
+                self._fed = []
+        for token in content[len(self._fed):]:
+            if not self.matcher.consume_token(token):
+                # A token the mask did not allow (none is drawn from these logits; a history from
+                # elsewhere): the matcher errs for good, so it restarts on the text it took, and
+                # this position goes free.
+                self.matcher.reset()
+                self.matcher.consume_tokens(self._fed)
+                return False
+            self._fed.append(token)
+        return True
+
+    def _is_blank(self, token: int) -> bool:
+        if token not in self._blank:
+            self._blank[token] = not self.grammar.tokenizer.decode_str([token]).strip()
+        return self._blank[token]
+
+
+
+@dataclass(frozen=True)
+class BothRules:
+    """A tool rule and an output rule at once (tool_choice "none" with a schema)."""
+    first: object
+    second: object
+
+    @property
+    def history_free(self) -> bool:
+        return self.first.history_free and self.second.history_free
+
+    def apply(self, logits: mx.array, history: Sequence[int]) -> mx.array:
+        return self.second.apply(self.first.apply(logits, history), history)
