@@ -173,7 +173,10 @@ BAD = [b"{not json", b"[]", b'"x"', b"42", b"null", b'{"messages": "hi"}', b'{"m
        b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": 5}}',
        b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
        b'"json_schema": {"name": "t", "schema": {"type": "objectx"}}}}',
-       b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}}']
+       b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 500}}',
+       b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"five": 1}}',
+       b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 1}}',
+       b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": [5]}']
 
 
 @pytest.mark.parametrize("body", BAD)

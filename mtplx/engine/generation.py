@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from mtplx.engine import cache_state, preemption
 from mtplx.engine.request import GenerationRequest
+from mtplx.engine.rule_set import rules_of
 from mtplx.engine.runner import ModelRunner
 from mtplx.engine.sampling import Sampler, apply_penalties
 from mtplx.engine.segments import SegmentTracker
@@ -54,7 +55,7 @@ class Generation:
         self.eos_ids = set() if request.sampling.ignore_eos else eos_ids
         self.submitted_at = submitted_at
         self.sampler = Sampler(self.params)
-        rule = _rule_of(request)
+        rule = rules_of(request)
         self.rule = rule
         # A history-free rule (no tools: the call token banned) as a plain transform of logits of
         # any leading shape, so greedy drafts stay one lazy chain (see Speculator) and a batch's
@@ -344,15 +345,3 @@ def events(gen: Generation, start: StartPoint, cancelled: Callable[[], bool],
         yield Tokens(gen.request.request_id, (), tail, gen.segments.current)
     yield finished
 
-
-def _rule_of(request: GenerationRequest):
-    """The request's rules on the logits as one: a tool rule, an output schema, or both. A call the
-    reply must make is the whole reply, so "required" leaves no room for a schema."""
-    tool, output = request.tool_rule, request.output_rule
-    if output is None or (tool is not None and tool.mode == "required"):
-        return tool
-    if tool is None:
-        return output
-    from mtplx.engine.output_rule import BothRules
-
-    return BothRules(tool, output)

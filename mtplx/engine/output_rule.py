@@ -151,16 +151,3 @@ class OutputRule:
         return self._blank[token]
 
 
-
-@dataclass(frozen=True)
-class BothRules:
-    """A tool rule and an output rule at once (tool_choice "none" with a schema)."""
-    first: object
-    second: object
-
-    @property
-    def history_free(self) -> bool:
-        return self.first.history_free and self.second.history_free
-
-    def apply(self, logits: mx.array, history: Sequence[int]) -> mx.array:
-        return self.second.apply(self.first.apply(logits, history), history)

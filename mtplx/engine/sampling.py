@@ -29,6 +29,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI's: subtracted once from each token already generated
     frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time it was generated
     ignore_eos: bool = False  # generate max_tokens whatever the model says (fixed-length benchmarks)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, bias in [-100, 100]) pairs
 
     def __post_init__(self):
         checks = [
@@ -44,6 +45,10 @@ class SamplingParams:
             (isinstance(self.frequency_penalty, (int, float)) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]"),
             (all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16, "stop", "up to 16 non-empty strings"),
             (isinstance(self.ignore_eos, bool), "ignore_eos", "a boolean"),
+            (isinstance(self.logit_bias, tuple) and len(self.logit_bias) <= 1024
+             and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, (int, float))
+                     and math.isfinite(b) and -100 <= b <= 100 for t, b in self.logit_bias),
+             "logit_bias", "up to 1,024 (token id, bias in [-100, 100]) pairs"),
         ]
         for ok, name, rule in checks:
             if not ok:

@@ -19,8 +19,8 @@ from mtplx.server.tool_choice import ToolChoice, from_openai
 MAX_BODY = 16 << 20
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Fields that change what the model must do; accepting them silently would be a lie.
-UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "logit_bias": "logit_bias",
-               "functions": "functions (use tools)", "audio": "audio"}
+UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "functions": "functions (use tools)",
+               "audio": "audio"}
 
 
 @dataclass
@@ -190,9 +190,27 @@ def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -
             presence_penalty=_number(body, "presence_penalty", default=0.0),
             frequency_penalty=_number(body, "frequency_penalty", default=0.0),
             ignore_eos=body.get("ignore_eos", False),
+            logit_bias=_logit_bias(body.get("logit_bias")),
         )
     except RequestError as exc:
         raise bad_request(str(exc), str(exc).split(" ")[0]) from None
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """`{"token id": bias}` as (id, bias) pairs; the ids' range is checked against the model's
+    vocabulary when the turn is submitted (turns.submit)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad_request("logit_bias must be an object mapping token ids to numbers", "logit_bias")
+    pairs = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise bad_request(f"logit_bias[{key}] must be a number in [-100, 100], got {bias!r}", "logit_bias")
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
 
 
 def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> ChatCall:

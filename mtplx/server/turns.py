@@ -119,6 +119,9 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
     and the tool choice as a rule on the logits (`rules`: the tokenizer's, when it can steer)."""
     budget = fit(call.sampling, len(prompt), engine.context_window)
     tokenizer = engine.checkpoint.tokenizer
+    past = [t for t, _ in call.sampling.logit_bias if t >= len(tokenizer)]
+    if past:
+        raise bad_request(f"logit_bias names token {past[0]}, past this model's vocabulary of {len(tokenizer)}", "logit_bias")
     rule = rules.rule(call.tool_choice, starts_in_reasoning(tokenizer, prompt)) if rules and call.messages else None
     if call.schema is not None and call.grammar is None:  # a caller that did not encode through `encode`
         call.grammar = output_format.compile_for(engine, call.schema)
