@@ -49,6 +49,19 @@ def engine(request, dense_engine, hybrid_engine):
     return dense_engine if request.param == "tiny-dense" else hybrid_engine
 
 
+@pytest.fixture(scope="module")
+def tiny_dense_url():
+    """A server of its own (engine and app) on tiny-dense, for one module's HTTP tests."""
+    from mtplx.server.app import create_app
+    from mtplx.server.background import BackgroundServer
+
+    engine = _engine("tiny-dense", chunk_size=64)
+    served = BackgroundServer(create_app(engine, "tiny-dense")).start()
+    yield served.url
+    served.stop()
+    engine.stop()
+
+
 def pytest_sessionfinish(session, exitstatus):
     # MLX streams made on this thread must be destroyed before interpreter teardown.
     import sys

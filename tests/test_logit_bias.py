@@ -36,17 +36,8 @@ def test_mtp_greedy_equals_ar_greedy_under_a_bias(engine, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def url():
-    from mtplx.catalog import resolve
-    from mtplx.engine.engine import Engine, EngineConfig
-    from mtplx.server.app import create_app
-    from mtplx.server.background import BackgroundServer
-
-    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense").start()
-    served = BackgroundServer(create_app(engine, "tiny-dense")).start()
-    yield served.url
-    served.stop()
-    engine.stop()
+def url(tiny_dense_url):
+    return tiny_dense_url
 
 
 def test_the_server_takes_a_bias_on_chat_and_completions(url):

@@ -115,17 +115,8 @@ def test_a_batch_under_schemas_equals_each_alone(dense_engine, tokenizer):
 
 # -- the APIs ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def url():
-    from mtplx.catalog import resolve
-    from mtplx.engine.engine import Engine, EngineConfig
-    from mtplx.server.app import create_app
-    from mtplx.server.background import BackgroundServer
-
-    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense").start()
-    served = BackgroundServer(create_app(engine, "tiny-dense")).start()
-    yield served.url
-    served.stop()
-    engine.stop()
+def url(tiny_dense_url):
+    return tiny_dense_url
 
 
 def test_openai_chat_json_schema_and_json_object(url):

@@ -355,7 +355,7 @@ async def _settled(pilot, table, checks: int = 3):
     """Wait until `table()` has sized every column to its cells (a DataTable does that on idle, and
     a loaded machine gets there later) and its layout has stopped changing, then one more pause."""
     last, same = None, 0
-    for _ in range(200):
+    for _ in range(600):
         await pilot.pause(0.05)
         t = table()
         sized = all(column.content_width >= max((len(str(v)) for v in t.get_column(key)), default=0)
@@ -364,6 +364,8 @@ async def _settled(pilot, table, checks: int = 3):
         same, last = (same + 1 if sized and now == last else 0), now
         if same >= checks:
             break
+    else:  # a snapshot of a half-laid-out table would fail for the wrong reason
+        raise AssertionError(f"the table never settled: {last}")
     await pilot.pause(0.1)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from textual import on, work
 from textual.app import ComposeResult
 from textual.screen import Screen
@@ -30,6 +31,7 @@ class ReceiptsScreen(Screen):
         self.store = store
         self.rows: list[dict] = []
         self.shown: list[dict] = []
+        self.needle = ""
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -38,7 +40,7 @@ class ReceiptsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns(*COLUMNS)
+        self.fill("")  # the header while the rows load
         self.query_one(DataTable).focus()
         self.load()
 
@@ -55,17 +57,25 @@ class ReceiptsScreen(Screen):
 
     @on(Input.Changed, "#filter")
     def refilter(self, event: Input.Changed) -> None:
-        self.fill(event.value)
+        if event.value != self.needle:  # an unchanged filter (the input's first event) keeps the table as it is
+            self.fill(event.value)
 
     def fill(self, needle: str) -> None:
+        """The rows matching `needle`, in columns as wide as their widest cell. The widths are set
+        here, not left to the table: it sizes auto-width columns on idle, and a frame drawn before
+        that (a busy machine) stayed in its row cache at the header's widths."""
+        self.needle = needle
         table = self.query_one(DataTable)
-        table.clear()
-        self.shown = []
+        self.shown, shown_cells = [], []
         for r in self.rows:
             row = cells(r)
             if needle.lower() in " ".join(row).lower():
-                table.add_row(*row)
+                shown_cells.append(row)
                 self.shown.append(r)
+        table.clear(columns=True)
+        for i, label in enumerate(COLUMNS):
+            table.add_column(label, width=max([cell_len(label)] + [cell_len(row[i]) for row in shown_cells]))
+        table.add_rows(shown_cells)
 
     @on(DataTable.RowSelected, "#receipts")
     def open_row(self, event: DataTable.RowSelected) -> None:
