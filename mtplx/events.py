@@ -66,6 +66,18 @@ class Tokens:
     segment: str  # "reasoning", "content" or "tool_call" at the first of these tokens
     pieces: tuple[Piece, ...] = ()  # the reply's split: what this text completes (reply_stream.py)
     t: float = field(default_factory=_now)
+    logprobs: tuple = ()  # engine/logprobs.TokenLogprob per token, when the request asked for them
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability and its top alternatives (engine/logprobs.py)."""
+
+    token: int
+    text: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()  # (id, text, logprob), most likely first
+    segment: str = "content"  # "reasoning", "content" or "tool_call"
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,7 @@ class Finished:
     pieces: tuple[Piece, ...] = ()  # the whole reply split once (the Tokens events' pieces, then the rest)
     reply: dict | None = None  # the assistant message those pieces make (reply_stream.message; made if None)
     t: float = field(default_factory=_now)
+    logprobs: tuple = ()  # engine/logprobs.TokenLogprob per emitted token, when the request asked for them
 
     def __post_init__(self):
         if isinstance(self.stats, dict):  # plain data (the event stream's JSON, an empty {}): typed here
@@ -184,6 +197,7 @@ def event_dict(event: EngineEvent) -> dict:
         out["stats"] = event.stats.as_dict()
     if isinstance(event, (Tokens, Finished)):
         out["pieces"] = [asdict(p) for p in event.pieces]
+        out["logprobs"] = [asdict(p) for p in event.logprobs]
     out["type"] = type(event).__name__
     return out
 
@@ -201,6 +215,11 @@ def event_from_dict(data: dict) -> EngineEvent | None:
         kwargs["token_ids"] = tuple(kwargs["token_ids"])
     if "pieces" in kwargs:
         kwargs["pieces"] = tuple(Piece(**p) for p in kwargs["pieces"])
+    if kwargs.get("logprobs"):
+        kwargs["logprobs"] = tuple(TokenLogprob(**{**p, "top": tuple(tuple(t) for t in p["top"])})
+                                   for p in kwargs["logprobs"])
+    elif "logprobs" in kwargs:
+        kwargs["logprobs"] = ()
     if cls is Queued and isinstance(data.get("request"), dict):
         from types import SimpleNamespace
 

@@ -196,7 +196,7 @@ def _pad(hidden: mx.array, length: int) -> mx.array:
 
 
 def _plain_greedy(gen: Generation) -> bool:
-    return gen.params.greedy and not gen.params.penalised and gen.shape is None
+    return gen.params.greedy and not gen.params.penalised and gen.shape is None and gen.params.logprobs is None
 
 
 def _arrays(layer) -> list:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import time
 from typing import Callable, Iterator
 
@@ -48,8 +49,9 @@ class Generation:
         self.runner, self.request = runner, request
         self.params = request.sampling
         # A penalty changes each position's distribution with the drafts before it; such
-        # requests decode autoregressively rather than verify against a moving target.
-        self.use_mtp = use_mtp and runner.mtp is not None and not self.params.penalised
+        # requests decode autoregressively rather than verify against a moving target. So do
+        # requests for log-probabilities: each token's comes from the step that drew it.
+        self.use_mtp = use_mtp and runner.mtp is not None and not self.params.penalised and self.params.logprobs is None
         self.depth = depth
         self.chunk_size = chunk_size
         self.eos_ids = set() if request.sampling.ignore_eos else eos_ids
@@ -75,6 +77,8 @@ class Generation:
                                      prompt_tokens=len(request.prompt))
         self.generated: list[int] = []
         self.finish_reason: str | None = None
+        self.picked_logprobs: list = []  # drawn, not yet emitted (engine/logprobs.TokenLogprob)
+        self.logprobs: list = []  # one per emitted token, when the request asked for them
         self.state: TurnState | None = None
         self.speculator = None
         self.stop_token: int | None = None  # the end-of-sequence token that ended the turn
@@ -187,13 +191,18 @@ class Generation:
         out: list[int] = []
         text = ""
         segment = self.segments.peek(tokens[0]) if tokens else "content"
-        for token in tokens:
+        drawn, self.picked_logprobs = self.picked_logprobs, []  # AR only: one entry per token handed in
+        logprobs = []
+        for i, token in enumerate(tokens):
             if token in self.eos_ids:
                 self.finish_reason, self.stop_token = "stop", token
                 break
             out.append(token)
             self.generated.append(token)
-            self.stats.tokens_by_segment[self.segments.segment_of(token)] += 1
+            kind = self.segments.segment_of(token)
+            self.stats.tokens_by_segment[kind] += 1
+            if i < len(drawn):
+                logprobs.append(dataclasses.replace(drawn[i], segment=kind))
             text += self.stream.add(token)
             if self.stream.stopped:
                 self.finish_reason = "stop"
@@ -201,8 +210,9 @@ class Generation:
             if len(self.generated) >= self.params.max_tokens:
                 self.finish_reason = "length"
                 break
+        self.logprobs += logprobs
         if out or text:
-            yield Tokens(self.request.request_id, tuple(out), text, segment, self._split(text))
+            yield Tokens(self.request.request_id, tuple(out), text, segment, self._split(text), logprobs=tuple(logprobs))
 
     def decode(self, cancelled: Callable[[], bool]) -> Iterator:
         """The whole decode alone: the first token, then one round (or AR step) at a time."""
@@ -288,7 +298,12 @@ class Generation:
         t = time.perf_counter()
         if self.params.penalised:
             logits = apply_penalties(logits, self.params, self.request.prompt, self.generated)
-        token = self.sampler.pick(self._ruled(logits, []))
+        logits = self._ruled(logits, [])
+        token = self.sampler.pick(logits)
+        if self.params.logprobs is not None:
+            from mtplx.engine.logprobs import of
+
+            self.picked_logprobs.append(of(logits, token, self.params.logprobs, self.runner.checkpoint.tokenizer))
         self.stats.sample_s += time.perf_counter() - t
         return token
 
@@ -330,7 +345,7 @@ class Generation:
         return Finished(
             self.request.request_id, self.finish_reason or "stop", len(self.request.prompt), len(self.generated),
             self.stats.cached_tokens, self.stream.text, tuple(self.generated), self.stats.freeze(),
-            tuple(self.pieces), message(self.pieces),
+            tuple(self.pieces), message(self.pieces), logprobs=tuple(self.logprobs),
         ), tail
 
 

@@ -30,6 +30,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time it was generated
     ignore_eos: bool = False  # generate max_tokens whatever the model says (fixed-length benchmarks)
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, bias in [-100, 100]) pairs
+    logprobs: int | None = None  # report each drawn token's log-probability and this many alternatives
 
     def __post_init__(self):
         checks = [
@@ -49,6 +50,8 @@ class SamplingParams:
              and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, (int, float))
                      and math.isfinite(b) and -100 <= b <= 100 for t, b in self.logit_bias),
              "logit_bias", "up to 1,024 (token id, bias in [-100, 100]) pairs"),
+            (self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                       and 0 <= self.logprobs <= 20), "logprobs", "None or an integer in [0, 20]"),
         ]
         for ok, name, rule in checks:
             if not ok:

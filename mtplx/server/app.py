@@ -177,10 +177,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = parse_chat(body, defaults, limit())
         prompt = await encoded(engine, cache, call, "chat", raw)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
+        logprobs = call.sampling.logprobs is not None
         if not call.stream:  # the engine split the reply in the model's tool-call format (Finished.pieces)
-            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin), request,
+            return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, logprobs), request,
                                 budget_headers(call, sub))
-        chunks = openai_response.ChatStream(model_name)
+        chunks = openai_response.ChatStream(model_name, logprobs)
         return _streamed(request, sub, _openai_sse(sub, chunks, call.include_usage, chunks.first()),
                          budget_headers(call, sub))
 
@@ -200,10 +201,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if call.schema is not None:
             call.grammar = await asyncio.to_thread(output_format.compile_for, engine, call.schema)
         sub = submit(engine, call, await asyncio.to_thread(tokenizer.encode, prompt_text), "api", session_from(request.headers))
+        logprobs = call.sampling.logprobs is not None
         if not stream:
-            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin), request,
+            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin, logprobs), request,
                                 budget_headers(call, sub))
-        return _streamed(request, sub, _openai_sse(sub, openai_response.TextCompletionStream(model_name), include_usage),
+        return _streamed(request, sub, _openai_sse(sub, openai_response.TextCompletionStream(model_name, logprobs), include_usage),
                          budget_headers(call, sub))
 
     # -- OpenAI Responses (Codex) -----------------------------------------------------------

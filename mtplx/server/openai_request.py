@@ -19,8 +19,7 @@ from mtplx.server.tool_choice import ToolChoice, from_openai
 MAX_BODY = 16 << 20
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Fields that change what the model must do; accepting them silently would be a lie.
-UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "functions": "functions (use tools)",
-               "audio": "audio"}
+UNSUPPORTED = {"functions": "functions (use tools)", "audio": "audio"}
 
 
 @dataclass
@@ -191,9 +190,27 @@ def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -
             frequency_penalty=_number(body, "frequency_penalty", default=0.0),
             ignore_eos=body.get("ignore_eos", False),
             logit_bias=_logit_bias(body.get("logit_bias")),
+            logprobs=_logprobs(body),
         )
     except RequestError as exc:
         raise bad_request(str(exc), str(exc).split(" ")[0]) from None
+
+
+def _logprobs(body: dict) -> int | None:
+    """How many alternatives to report per token (None: no log-probabilities). Chat sends
+    `logprobs: true` with `top_logprobs`; /v1/completions sends `logprobs` as that number."""
+    value, top = body.get("logprobs"), body.get("top_logprobs")
+    if value is None or value is False:
+        if top not in (None, 0):
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    if value is True:
+        value, name = (0 if top is None else top), "top_logprobs"
+    else:
+        name = "logprobs"
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20:
+        raise bad_request(f"{name} must be an integer in [0, 20], got {value!r}", name)
+    return value
 
 
 def _logit_bias(value) -> tuple[tuple[int, float], ...]:

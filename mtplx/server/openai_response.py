@@ -18,6 +18,25 @@ def usage(fin: Finished) -> dict:
             "completion_tokens_details": {"reasoning_tokens": reasoning}}
 
 
+def token_logprobs(entries) -> list[dict]:
+    """Chat's `logprobs.content`: the visible reply's tokens (reasoning and tool calls excluded)."""
+    def one(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return [one(e.text, e.logprob) | {"top_logprobs": [one(t, lp) for _, t, lp in e.top]}
+            for e in entries if e.segment == "content"]
+
+
+def legacy_logprobs(entries, start: int = 0) -> dict:
+    """/v1/completions' `logprobs` object; `start`: the text offset of the first entry."""
+    offsets, at = [], start
+    for e in entries:
+        offsets.append(at)
+        at += len(e.text)
+    return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t: lp for _, t, lp in e.top} for e in entries], "text_offset": offsets}
+
+
 def finish_reason(fin: Finished, tool_calls: int) -> str:
     if tool_calls and fin.finish_reason == "stop":
         return "tool_calls"
@@ -27,21 +46,29 @@ def finish_reason(fin: Finished, tool_calls: int) -> str:
 class ChatStream:
     """Builds chunks for one streamed chat completion."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, logprobs: bool = False):
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = model
         self.calls = 0
         self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
+        # Log-probabilities of content tokens not yet sent: they ride on the next content chunk
+        # (the text of a token may be held back a while, e.g. while it could start a stop string).
+        self.logprobs = [] if logprobs else None
 
     def _chunk(self, delta: dict, finish: str | None = None) -> dict:
+        logprobs = None
+        if self.logprobs and ("content" in delta or finish is not None):
+            logprobs, self.logprobs = {"content": token_logprobs(self.logprobs), "refusal": None}, []
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
     def first(self) -> dict:
         return self._chunk({"role": "assistant", "content": ""})
 
     def tokens(self, event: Tokens) -> list[dict]:
+        if self.logprobs is not None:
+            self.logprobs += [e for e in event.logprobs if e.segment == "content"]
         return self._pieces(event.pieces)
 
     def _pieces(self, pieces) -> list[dict]:
@@ -68,7 +95,7 @@ class ChatStream:
         return out
 
 
-def completion(model: str, fin: Finished) -> dict:
+def completion(model: str, fin: Finished, logprobs: bool = False) -> dict:
     """A whole (non-streamed) chat completion."""
     pieces = fin.pieces
     content = "".join(p.text for p in pieces if p.kind == "content")
@@ -81,14 +108,17 @@ def completion(model: str, fin: Finished) -> dict:
     if calls:
         message["tool_calls"] = calls
     return {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": message, "logprobs": None,
+            "model": model, "choices": [{"index": 0, "message": message,
+                                         "logprobs": {"content": token_logprobs(fin.logprobs), "refusal": None}
+                                         if logprobs else None,
                                          "finish_reason": finish_reason(fin, len(calls))}],
             "usage": usage(fin)}
 
 
-def text_completion(model: str, fin: Finished) -> dict:
+def text_completion(model: str, fin: Finished, logprobs: bool = False) -> dict:
     return {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "text": fin.text, "logprobs": None,
+            "model": model, "choices": [{"index": 0, "text": fin.text,
+                                         "logprobs": legacy_logprobs(fin.logprobs) if logprobs else None,
                                          "finish_reason": "length" if fin.finish_reason == "length" else "stop"}],
             "usage": usage(fin)}
 
@@ -96,15 +126,20 @@ def text_completion(model: str, fin: Finished) -> dict:
 class TextCompletionStream:
     """Chunks of one streamed /v1/completions answer: raw text, no reasoning or tool-call split."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, logprobs: bool = False):
         self.id, self.created, self.model = "cmpl-" + uuid.uuid4().hex[:24], int(time.time()), model
+        self.logprobs, self.offset = logprobs, 0
 
-    def _chunk(self, text: str, finish: str | None = None) -> dict:
+    def _chunk(self, text: str, finish: str | None = None, logprobs=None) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
 
     def tokens(self, event: Tokens) -> list[dict]:
-        return [self._chunk(event.text)] if event.text else []
+        if not event.text and not event.logprobs:
+            return []
+        logprobs = legacy_logprobs(event.logprobs, self.offset) if self.logprobs else None
+        self.offset += sum(len(e.text) for e in event.logprobs)
+        return [self._chunk(event.text, logprobs=logprobs)]
 
     def finish(self, fin: Finished, include_usage: bool) -> list[dict]:
         out = [self._chunk("", "length" if fin.finish_reason == "length" else "stop")]

@@ -1,0 +1,34 @@
+"""Log-probabilities of the tokens a reply drew, as OpenAI's `logprobs` reports them.
+
+Each drawn token gets its log-probability and the `n` most likely alternatives at its position,
+under the distribution it was drawn from *before* temperature and top-k/p: the model's logits
+after the request's rules and penalties (a token a rule masked has no probability and is never
+listed). The texts are decoded here, on the engine thread, so the server only maps fields.
+"""
+
+from __future__ import annotations
+
+from mtplx.events import TokenLogprob
+
+MAX_TOP = 20  # OpenAI's limit on top_logprobs
+
+
+def of(logits, token: int, n: int, tokenizer) -> TokenLogprob:
+    """`token`'s entry from one position's logits (last axis = vocabulary)."""
+    import mlx.core as mx
+
+    logits = logits.astype(mx.float32).reshape(-1)
+    logp = logits - mx.logsumexp(logits)
+    if n:
+        best = mx.argpartition(-logp, n - 1)[:n]
+        best = best[mx.argsort(-logp[best])]
+        mx.eval(logp, best)
+        top = tuple((int(i), _text(tokenizer, int(i)), float(logp[int(i)].item()))
+                    for i in best.tolist() if logp[int(i)].item() > float("-inf"))
+    else:
+        top = ()
+    return TokenLogprob(token, _text(tokenizer, token), float(logp[token].item()), top)
+
+
+def _text(tokenizer, token: int) -> str:
+    return tokenizer.decode([token])

@@ -1,0 +1,100 @@
+"""Log-probabilities: each drawn token's, from the step that drew it, checked against a plain
+forward; the OpenAI chat and completions shapes; and the events' round trip."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import mlx.core as mx
+import pytest
+
+from mtplx.chat import render
+from mtplx.engine.request import GenerationRequest
+from mtplx.engine.sampling import SamplingParams
+from mtplx.events import Finished, event_dict, event_from_dict
+
+
+def _prompt(tokenizer, text="Explain what src/ledger/events.py does"):
+    return tuple(render(tokenizer, [{"role": "user", "content": text}], None))
+
+
+def test_each_token_gets_the_log_probability_a_plain_forward_gives(dense_engine, tokenizer):
+    from mtplx.catalog import resolve
+    from mtplx.engine.checkpoint import load_trunk
+
+    prompt = _prompt(tokenizer)
+    fin = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=24, logprobs=3), use_mtp=True)).result()
+    assert fin.stats.mode == "ar"  # log-probabilities come from the step that drew each token
+    assert [e.token for e in fin.logprobs] == list(fin.token_ids)
+    model = load_trunk(resolve("tiny-dense")).model  # mlx-lm's own forward, apart from the engine
+    model.set_dtype(mx.float32)
+    logits = model(mx.array([list(prompt) + list(fin.token_ids)]))[0].astype(mx.float32)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    for i, entry in enumerate(fin.logprobs):
+        row = logp[len(prompt) - 1 + i]
+        assert abs(entry.logprob - row[entry.token].item()) < 2e-3
+        assert entry.top[0][0] == entry.token and len(entry.top) == 3  # greedy: the drawn token is the likeliest
+        assert [t for t, _, _ in entry.top] == mx.argsort(-row)[:3].tolist()
+        assert sum(math.exp(lp) for _, _, lp in entry.top) <= 1 + 1e-5
+
+
+def test_the_tokens_are_those_mtp_gives_without_log_probabilities(engine, tokenizer):
+    prompt = _prompt(tokenizer)
+    plain = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40), use_mtp=True)).result()
+    asked = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40, logprobs=0), use_mtp=True)).result()
+    assert plain.token_ids == asked.token_ids and plain.stats.verify_calls > 0
+    assert all(e.top == () for e in asked.logprobs)
+
+
+def test_a_batch_with_one_row_asking_equals_each_alone(dense_engine, tokenizer):
+    requests = [GenerationRequest(_prompt(tokenizer, t), SamplingParams(max_tokens=30, logprobs=n), use_mtp=True)
+                for t, n in (("List the tests.", 2), ("Explain what a hash map is.", None))]
+    alone = [dense_engine.submit(r).result() for r in requests]
+    together = [s.result() for s in [dense_engine.submit(r) for r in requests]]
+    assert [f.token_ids for f in together] == [f.token_ids for f in alone]
+    assert [(e.token, e.top) for e in together[0].logprobs] == [(e.token, e.top) for e in alone[0].logprobs]
+
+
+def test_the_events_carry_them_through_json(dense_engine, tokenizer):
+    fin = dense_engine.submit(GenerationRequest(_prompt(tokenizer), SamplingParams(max_tokens=4, logprobs=1))).result()
+    again = event_from_dict(event_dict(fin))
+    assert isinstance(again, Finished) and again.logprobs == fin.logprobs
+
+
+@pytest.fixture(scope="module")
+def url(tiny_dense_url):
+    return tiny_dense_url
+
+
+def test_openai_chat_logprobs_streamed_and_not(url):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    ask = dict(model="tiny-dense", messages=[{"role": "user", "content": "Explain what src/app.py does"}], max_tokens=30,
+               temperature=0, logprobs=True, top_logprobs=2, extra_body={"enable_thinking": False})
+    whole = client.chat.completions.create(**ask)
+    content = whole.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == whole.choices[0].message.content
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token for c in content)
+    streamed = [c for chunk in client.chat.completions.create(**ask, stream=True) if chunk.choices
+                for c in ((chunk.choices[0].logprobs and chunk.choices[0].logprobs.content) or [])]
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(**{**ask, "logprobs": None, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+
+
+def test_completions_logprobs_in_the_legacy_shape(url):
+    r = httpx.post(url + "/v1/completions", json={"prompt": "def f(", "max_tokens": 5, "temperature": 0, "logprobs": 2},
+                   timeout=60).json()["choices"][0]
+    lp = r["logprobs"]
+    assert "".join(lp["tokens"]) == r["text"] and len(lp["token_logprobs"]) == 5
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(5)]
+    assert all(len(top) <= 2 for top in lp["top_logprobs"])
+
+
+@pytest.mark.parametrize("body", [{"logprobs": False, "top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21},
+                                  {"logprobs": "yes"}])
+def test_bad_logprobs_requests_are_400s(url, body):
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], **body}, timeout=60)
+    assert r.status_code == 400, r.text
