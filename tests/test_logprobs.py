@@ -98,3 +98,9 @@ def test_completions_logprobs_in_the_legacy_shape(url):
 def test_bad_logprobs_requests_are_400s(url, body):
     r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], **body}, timeout=60)
     assert r.status_code == 400, r.text
+
+
+@pytest.mark.parametrize("extra", [{"top_logprobs": 3}, {"include": ["message.output_text.logprobs"]}])
+def test_responses_refuse_log_probabilities_instead_of_dropping_them(url, extra):
+    r = httpx.post(url + "/v1/responses", json={"input": "x", "max_output_tokens": 2, **extra}, timeout=60)
+    assert r.status_code == 400 and "log-probabilities" in r.json()["error"]["message"]

@@ -128,6 +128,10 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     if previous is not None and not isinstance(previous, str):
         raise bad_request("previous_response_id must be a string", "previous_response_id")
     schema = output_format.from_responses(body.get("text"))
+    include = body.get("include") if isinstance(body.get("include"), list) else []
+    if body.get("top_logprobs") or "message.output_text.logprobs" in include:  # never dropped silently
+        raise bad_request("log-probabilities are not supported on /v1/responses (they are on /v1/chat/completions)",
+                          "top_logprobs" if body.get("top_logprobs") else "include")
     messages = to_messages(body, store.get(previous) if previous else [], signer)
     tools = to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
