@@ -713,3 +713,35 @@ def test_finished_reply_shows_tool_calls_and_the_clients_finish():
             assert app.chat.messages[-1]["tool_calls"][0]["function"]["name"] == "read_file"
 
     asyncio.run(flow())
+
+
+def test_sized_rows_set_widths_and_keep_the_reader_in_place():
+    """widgets/sized_rows.py: columns exactly as wide as their widest cell when the rows are set
+    (no idle pass left to a busy machine), and a refill (a replay's next turn) keeps the cursor
+    row and the scroll position."""
+    import asyncio
+
+    from textual.app import App
+    from textual.widgets import DataTable
+
+    from tui.widgets.sized_rows import show_rows
+
+    class One(App):
+        def compose(self):
+            yield DataTable(cursor_type="row")
+
+    async def run():
+        app = One()
+        async with app.run_test(size=(60, 10)) as pilot:
+            table = app.query_one(DataTable)
+            rows = [(str(i), "x" * (i % 7)) for i in range(30)]
+            show_rows(table, ("n", "text"), rows)
+            assert [c.width for c in table.columns.values()] == [2, 6]
+            table.move_cursor(row=20)
+            await _until(pilot, lambda: table.scroll_offset.y > 0, "the table scrolled to its cursor")
+            before = table.scroll_offset.y
+            show_rows(table, ("n", "text"), rows + [("30", "a much wider cell than before")])
+            await _until(pilot, lambda: table.scroll_offset.y == before, lambda: f"scroll {table.scroll_offset.y} != {before}")
+            assert table.cursor_row == 20 and [c.width for c in table.columns.values()] == [2, 29]
+
+    asyncio.run(run())

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from rich.cells import cell_len
 from textual import on, work
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input
 
 from mtplx.receipts.report import ratio_text
+from tui.widgets.sized_rows import show_rows
 
 # the key numbers first, so TTFT stays on screen at 80 columns; the id (for `receipts show`) last
 COLUMNS = ("utc", "session", "src", "prompt", "ceil", "cached", "ratio", "TTFT s", "tok/s", "finish", "id", "shortfall")
@@ -61,21 +61,15 @@ class ReceiptsScreen(Screen):
             self.fill(event.value)
 
     def fill(self, needle: str) -> None:
-        """The rows matching `needle`, in columns as wide as their widest cell. The widths are set
-        here, not left to the table: it sizes auto-width columns on idle, and a frame drawn before
-        that (a busy machine) stayed in its row cache at the header's widths."""
+        """The rows matching `needle` (widths set with the rows: widgets/sized_rows.py)."""
         self.needle = needle
-        table = self.query_one(DataTable)
         self.shown, shown_cells = [], []
         for r in self.rows:
             row = cells(r)
             if needle.lower() in " ".join(row).lower():
                 shown_cells.append(row)
                 self.shown.append(r)
-        table.clear(columns=True)
-        for i, label in enumerate(COLUMNS):
-            table.add_column(label, width=max([cell_len(label)] + [cell_len(row[i]) for row in shown_cells]))
-        table.add_rows(shown_cells)
+        show_rows(self.query_one(DataTable), COLUMNS, shown_cells)
 
     @on(DataTable.RowSelected, "#receipts")
     def open_row(self, event: DataTable.RowSelected) -> None:

@@ -11,6 +11,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, ListItem, ListView, Static
 
+from tui.widgets.sized_rows import show_rows
+
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_transcripts"
 # the key numbers first (TTFT included), so they stay on screen at 80 columns
 COLUMNS = ("turn", "session", "prompt", "ceil", "cached", "ratio", "TTFT s", "from", "anchor", "shortfall")
@@ -33,6 +35,7 @@ class ReplayScreen(Screen):
         # between turns, as an agent's tool time does (`mtplx replay --pause S`).
         self.pauses = False
         self.ceilings: list[int | None] = []
+        self.turn_rows: list[tuple[str, ...]] = []  # the table's rows, shown with widgets/sized_rows.py
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -48,7 +51,7 @@ class ReplayScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#replay-turns", DataTable).add_columns(*COLUMNS)
+        show_rows(self.query_one("#replay-turns", DataTable), COLUMNS, self.turn_rows)
         if self.preload:
             self.load(0)
 
@@ -71,7 +74,8 @@ class ReplayScreen(Screen):
                 return
         self.cursor = 0
         self.ceilings = []
-        self.query_one("#replay-turns", DataTable).clear()
+        self.turn_rows = []
+        show_rows(self.query_one("#replay-turns", DataTable), COLUMNS, self.turn_rows)
         self.status(f"{self.transcript.name}: {len(self.transcript.turns)} turns — {self.transcript.description}")
 
     def status(self, text: str) -> None:
@@ -153,10 +157,11 @@ class ReplayScreen(Screen):
                             "differ from a cold `mtplx replay`; c replays on fresh engines", title="warm bank",
                             severity="warning", timeout=8)
         f = lambda v, spec="": "-" if v is None else format(v, spec)
-        self.query_one("#replay-turns", DataTable).add_row(
+        self.turn_rows.append((
             str(i), session, f(restored.prompt_tokens), f(ceiling), f(restored.cached_tokens),
             ratio_text(restored.cached_tokens, ceiling),
             f(finished.stats.ttft_s if finished else None, ".3f"), restored.source, restored.anchor or "-",
             # the bank explains a miss against its own ceiling; shown only when this ceiling was missed too
-            (restored.shortfall or "") if ceiling is not None and restored.cached_tokens < ceiling else "")
+            (restored.shortfall or "") if ceiling is not None and restored.cached_tokens < ceiling else ""))
+        show_rows(self.query_one("#replay-turns", DataTable), COLUMNS, self.turn_rows)
         self.status(f"{self.transcript.name}: turn {self.cursor}/{len(self.transcript.turns)} done")
