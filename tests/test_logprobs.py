@@ -1,5 +1,6 @@
-"""Log-probabilities: each drawn token's, from the step that drew it, checked against a plain
-forward; the OpenAI chat and completions shapes; and the events' round trip."""
+"""Log-probabilities: each token's, from the step that drew or kept it (an AR step, an MTP verify
+row), checked against a plain forward; the OpenAI chat and completions shapes; the events' round
+trip."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ def _prompt(tokenizer, text="Explain what src/ledger/events.py does"):
     return tuple(render(tokenizer, [{"role": "user", "content": text}], None))
 
 
-def test_each_token_gets_the_log_probability_a_plain_forward_gives(dense_engine, tokenizer):
+@pytest.mark.parametrize("use_mtp", [False, True])
+def test_each_token_gets_the_log_probability_a_plain_forward_gives(dense_engine, tokenizer, use_mtp):
     from mtplx.catalog import resolve
     from mtplx.engine.checkpoint import load_trunk
 
     prompt = _prompt(tokenizer)
-    fin = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=24, logprobs=3), use_mtp=True)).result()
-    assert fin.stats.mode == "ar"  # log-probabilities come from the step that drew each token
+    fin = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=24, logprobs=3), use_mtp=use_mtp,
+                                                depth=3)).result()
+    assert fin.stats.mode == ("mtp" if use_mtp else "ar") and (fin.stats.verify_calls > 0) == use_mtp
     assert [e.token for e in fin.logprobs] == list(fin.token_ids)
     model = load_trunk(resolve("tiny-dense")).model  # mlx-lm's own forward, apart from the engine
     model.set_dtype(mx.float32)
@@ -39,12 +42,12 @@ def test_each_token_gets_the_log_probability_a_plain_forward_gives(dense_engine,
         assert sum(math.exp(lp) for _, _, lp in entry.top) <= 1 + 1e-5
 
 
-def test_the_tokens_are_those_mtp_gives_without_log_probabilities(engine, tokenizer):
+def test_mtp_with_log_probabilities_keeps_the_ar_tokens(engine, tokenizer):
     prompt = _prompt(tokenizer)
-    plain = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40), use_mtp=True)).result()
+    plain = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40), use_mtp=False)).result()
     asked = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40, logprobs=0), use_mtp=True)).result()
-    assert plain.token_ids == asked.token_ids and plain.stats.verify_calls > 0
-    assert all(e.top == () for e in asked.logprobs)
+    assert plain.token_ids == asked.token_ids and asked.stats.verify_calls > 0
+    assert [e.token for e in asked.logprobs] == list(asked.token_ids) and all(e.top == () for e in asked.logprobs)
 
 
 def test_a_batch_with_one_row_asking_equals_each_alone(dense_engine, tokenizer):
@@ -53,7 +56,9 @@ def test_a_batch_with_one_row_asking_equals_each_alone(dense_engine, tokenizer):
     alone = [dense_engine.submit(r).result() for r in requests]
     together = [s.result() for s in [dense_engine.submit(r) for r in requests]]
     assert [f.token_ids for f in together] == [f.token_ids for f in alone]
-    assert [(e.token, e.top) for e in together[0].logprobs] == [(e.token, e.top) for e in alone[0].logprobs]
+    assert [e.token for e in together[0].logprobs] == list(together[0].token_ids) and not together[1].logprobs
+    for a, b in zip(together[0].logprobs, alone[0].logprobs):  # a batch's rows round apart from a row's alone
+        assert [t for t, _, _ in a.top] == [t for t, _, _ in b.top] and abs(a.logprob - b.logprob) < 2e-3
 
 
 def test_the_events_carry_them_through_json(dense_engine, tokenizer):

@@ -49,9 +49,8 @@ class Generation:
         self.runner, self.request = runner, request
         self.params = request.sampling
         # A penalty changes each position's distribution with the drafts before it; such
-        # requests decode autoregressively rather than verify against a moving target. So do
-        # requests for log-probabilities: each token's comes from the step that drew it.
-        self.use_mtp = use_mtp and runner.mtp is not None and not self.params.penalised and self.params.logprobs is None
+        # requests decode autoregressively rather than verify against a moving target.
+        self.use_mtp = use_mtp and runner.mtp is not None and not self.params.penalised
         self.depth = depth
         self.chunk_size = chunk_size
         self.eos_ids = set() if request.sampling.ignore_eos else eos_ids
@@ -277,6 +276,7 @@ class Generation:
     def take_round(self, new: list[int], drafts: list[int], accepted: int) -> Iterator:
         """The events of one verify round (alone or as one row of a batch)."""
         segments = self._segments_of(drafts)
+        self.picked_logprobs = list(self.speculator.last_logprobs)  # each kept token's, from its verify row
         yield DraftVerified(self.request.request_id, len(drafts), accepted, segments[0])
         self.stats.record_verify(segments, accepted)
         yield from self.take_tokens(new)

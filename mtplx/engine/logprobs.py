@@ -13,6 +13,11 @@ from mtplx.events import TokenLogprob
 MAX_TOP = 20  # OpenAI's limit on top_logprobs
 
 
+def of_rows(logits, tokens: list[int], n: int, tokenizer) -> list[TokenLogprob]:
+    """One entry per row of `logits` (rows = positions, last axis = vocabulary): a verify's kept rows."""
+    return [of(logits[i], token, n, tokenizer) for i, token in enumerate(tokens)]
+
+
 def of(logits, token: int, n: int, tokenizer) -> TokenLogprob:
     """`token`'s entry from one position's logits (last axis = vocabulary)."""
     import mlx.core as mx

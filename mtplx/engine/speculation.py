@@ -89,6 +89,7 @@ class Speculator:
         self.pending_hidden = last_hidden
         self.pending_tokens = first
         self.last = first[-1]  # generated, not yet fed to the trunk
+        self.last_logprobs: list = []  # the last round's kept tokens' entries, when the request asks
 
     def _draft(self, k: int) -> tuple[list[int], list]:
         """k drafts, each read on the host (a tool rule or sampling needs the tokens as ints)."""
@@ -129,6 +130,14 @@ class Speculator:
 
     def _masked(self, logits: mx.array) -> mx.array:
         return logits if self.mask is None else self.mask(logits)
+
+    def _logprobs(self, rows: mx.array, tokens: list[int]) -> list:
+        """Each kept token's entry from its verify row: the distribution its keep was judged on."""
+        if self.params.logprobs is None:
+            return []
+        from mtplx.engine.logprobs import of_rows
+
+        return of_rows(rows, tokens, self.params.logprobs, self.runner.checkpoint.tokenizer)
 
     def round(self, k: int) -> tuple[list[int], list[int], int]:
         """One draft+verify round. Returns (new tokens, drafts, drafts accepted)."""
@@ -172,6 +181,7 @@ class Speculator:
         if eos_at is not None:
             accepted, extra = eos_at, drafts[eos_at]
         kept = accepted + 1
+        self.last_logprobs = self._logprobs(logits[:kept], drafts[:accepted] + [extra])
         if capture or not runner.has_recurrent:
             cache_state.keep_verified(state.trunk, len(fed), kept)
         elif kept < len(fed):
