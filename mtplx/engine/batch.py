@@ -113,7 +113,7 @@ class DecodeBatch:
                 accepted, extra = eos_at, mine[eos_at]
             kept.append(accepted + 1)
             results.append((mine[:accepted] + [extra], mine, accepted))
-            spec.last_logprobs = spec._logprobs(logits[b, : accepted + 1], results[-1][0])
+            spec.last_logprobs = spec.kept_logprobs(logits[b, : accepted + 1], results[-1][0])
         t3 = time.perf_counter()
         batch_cache.keep_rows(self.trunk, k + 1, kept)
         cache_state.set_capture(self.trunk, False)

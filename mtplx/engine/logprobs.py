@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from mtplx.events import TokenLogprob
 
-MAX_TOP = 20  # OpenAI's limit on top_logprobs
-
 
 def of_rows(logits, tokens: list[int], n: int, tokenizer) -> list[TokenLogprob]:
     """One entry per row of `logits` (rows = positions, last axis = vocabulary): a verify's kept rows."""
@@ -24,14 +22,12 @@ def of(logits, token: int, n: int, tokenizer) -> TokenLogprob:
 
     logits = logits.astype(mx.float32).reshape(-1)
     logp = logits - mx.logsumexp(logits)
+    top = ()
     if n:
         best = mx.argpartition(-logp, n - 1)[:n]
         best = best[mx.argsort(-logp[best])]
-        mx.eval(logp, best)
-        top = tuple((int(i), _text(tokenizer, int(i)), float(logp[int(i)].item()))
-                    for i in best.tolist() if logp[int(i)].item() > float("-inf"))
-    else:
-        top = ()
+        top = tuple((i, _text(tokenizer, i), v) for i, v in zip(best.tolist(), logp[best].tolist())
+                    if v > float("-inf"))
     return TokenLogprob(token, _text(tokenizer, token), float(logp[token].item()), top)
 
 

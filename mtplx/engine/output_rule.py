@@ -57,7 +57,6 @@ class Grammar:
     """A schema compiled for one tokenizer; `OutputRule`s are started from it."""
     text: str  # llguidance's grammar
     tokenizer: object  # llguidance.LLTokenizer
-    schema: dict
     eos: frozenset[int]
 
     @classmethod
@@ -79,7 +78,7 @@ class Grammar:
         problem = llguidance.LLMatcher.validate_grammar(text, tokenizer)
         if problem:
             raise ValueError(problem)
-        return cls(text, tokenizer, schema, frozenset(eos_ids))
+        return cls(text, tokenizer, frozenset(eos_ids))
 
 
 class OutputRule:
@@ -149,5 +148,3 @@ class OutputRule:
         if token not in self._blank:
             self._blank[token] = not self.grammar.tokenizer.decode_str([token]).strip()
         return self._blank[token]
-
-

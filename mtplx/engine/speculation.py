@@ -131,7 +131,7 @@ class Speculator:
     def _masked(self, logits: mx.array) -> mx.array:
         return logits if self.mask is None else self.mask(logits)
 
-    def _logprobs(self, rows: mx.array, tokens: list[int]) -> list:
+    def kept_logprobs(self, rows: mx.array, tokens: list[int]) -> list:
         """Each kept token's entry from its verify row: the distribution its keep was judged on."""
         if self.params.logprobs is None:
             return []
@@ -181,7 +181,7 @@ class Speculator:
         if eos_at is not None:
             accepted, extra = eos_at, drafts[eos_at]
         kept = accepted + 1
-        self.last_logprobs = self._logprobs(logits[:kept], drafts[:accepted] + [extra])
+        self.last_logprobs = self.kept_logprobs(logits[:kept], drafts[:accepted] + [extra])
         if capture or not runner.has_recurrent:
             cache_state.keep_verified(state.trunk, len(fed), kept)
         elif kept < len(fed):
