@@ -198,8 +198,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
         call = ChatCall([], None, sampling_from(body, defaults, limit()), stream, include_usage,
                         schema=output_format.from_openai(body.get("response_format")))
-        if call.schema is not None:
-            call.grammar = await asyncio.to_thread(output_format.compile_for, engine, call.schema)
+        await asyncio.to_thread(output_format.compile_call, engine, call)
         sub = submit(engine, call, await asyncio.to_thread(tokenizer.encode, prompt_text), "api", session_from(request.headers))
         logprobs = call.sampling.logprobs is not None
         if not stream:

@@ -69,14 +69,17 @@ def _schema(value, param: str) -> dict:
     return value
 
 
-def compile_for(engine, schema: dict):
-    """The schema compiled for the engine's tokenizer (engine/output_rule.Grammar); a 400 naming
-    the problem when it cannot be."""
+def compile_call(engine, call) -> None:
+    """The call's schema compiled for the engine's tokenizer (engine/output_rule.Grammar) into
+    `call.grammar`, on a worker thread (turns.encode, the completions route); a 400 naming the
+    problem when it cannot be."""
     from mtplx.engine.output_rule import Grammar, ll_tokenizer
 
+    if call.schema is None or call.grammar is not None:
+        return
     tokenizer = engine.checkpoint.tokenizer
     try:
-        return Grammar.from_schema(schema, ll_tokenizer(tokenizer, engine.eos_ids), engine.eos_ids)
+        call.grammar = Grammar.from_schema(call.schema, ll_tokenizer(tokenizer, engine.eos_ids), engine.eos_ids)
     except ValueError as exc:
         raise bad_request(f"the JSON schema cannot be used: {exc}", "schema", "invalid_schema") from None
 
@@ -84,8 +87,10 @@ def compile_for(engine, schema: dict):
 def rule_for(call, rules, tokenizer, starts_in_reasoning: bool):
     """The turn's OutputRule (None without a schema). The model may still call a tool where the
     request offers tools and does not forbid them."""
-    if call.grammar is None:
+    if call.schema is None:
         return None
+    if call.grammar is None:  # a route that skipped compile_call: never drop the schema silently
+        raise RuntimeError("a structured-output call reached submit without its compiled schema")
     from mtplx.engine.output_rule import OutputRule
 
     may_call = bool(call.tools) and call.tool_choice.mode != "none" and rules is not None

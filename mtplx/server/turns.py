@@ -69,8 +69,7 @@ def _body_session(body: dict) -> str | None:
 
 
 def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -> list[int]:
-    if call.schema is not None and call.grammar is None:
-        call.grammar = output_format.compile_for(engine, call.schema)
+    output_format.compile_call(engine, call)
     key = cache.key(route, raw)
     hit = cache.get(key)
     if hit is not None:
@@ -122,10 +121,9 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
     past = [t for t, _ in call.sampling.logit_bias if t >= len(tokenizer)]
     if past:
         raise bad_request(f"logit_bias names token {past[0]}, past this model's vocabulary of {len(tokenizer)}", "logit_bias")
-    rule = rules.rule(call.tool_choice, starts_in_reasoning(tokenizer, prompt)) if rules and call.messages else None
-    if call.schema is not None and call.grammar is None:  # a caller that did not encode through `encode`
-        call.grammar = output_format.compile_for(engine, call.schema)
-    output_rule = output_format.rule_for(call, rules, tokenizer, starts_in_reasoning(tokenizer, prompt))
+    reasoning = starts_in_reasoning(tokenizer, prompt)
+    rule = rules.rule(call.tool_choice, reasoning) if rules and call.messages else None
+    output_rule = output_format.rule_for(call, rules, tokenizer, reasoning)
     try:
         text = raw.decode("utf-8", "replace") if raw else None
         if call.messages:
