@@ -60,6 +60,21 @@ def test_speculative_tails_leave_no_trace(tokenizer):
         assert mx.array_equal(got, fresh)
 
 
+def test_a_number_past_32_characters_must_end_but_a_string_of_digits_need_not(tokenizer):
+    """The tiny models loop on digits under a bare "integer"; no float64 needs 32 characters."""
+    from mtplx.engine.output_rule import MAX_NUMBER
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}}
+    digits = tokenizer.encode("1" * MAX_NUMBER, add_special_tokens=False)
+    number = tokenizer.encode('{"n": ', add_special_tokens=False) + digits
+    after = _allowed(tokenizer, OutputRule(_grammar(tokenizer, schema)), number)
+    assert after and not any(t[:1].isdigit() for t in after) and any(t.startswith(("}", ",")) for t in after)
+    shorter = _allowed(tokenizer, OutputRule(_grammar(tokenizer, schema)), number[:-1])
+    assert any(t[:1].isdigit() for t in shorter)
+    text = tokenizer.encode('{"s": "', add_special_tokens=False) + digits
+    assert any(t[:1].isdigit() for t in _allowed(tokenizer, OutputRule(_grammar(tokenizer, schema)), text))
+
+
 def test_a_schema_that_cannot_be_compiled_names_the_problem(tokenizer):
     with pytest.raises(ValueError, match="objectx"):
         _grammar(tokenizer, {"type": "objectx"})
@@ -134,6 +149,25 @@ def test_openai_chat_json_schema_and_json_object(url):
     anything = client.chat.completions.create(model="tiny-dense", messages=messages, max_tokens=150, temperature=0,
                                               response_format={"type": "json_object"})
     assert anything.choices[0].message.content.startswith("{")
+
+
+def test_the_openai_sdk_parse_helpers_get_their_models(url):
+    """The SDK's structured-output helpers (a pydantic model, strict schema): the bare integer the
+    tiny model would otherwise write without end comes back parsed."""
+    from openai import OpenAI
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):
+        ok: bool
+        score: int
+
+    client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    chat = client.chat.completions.parse(model="tiny-dense", messages=[{"role": "user", "content": "Is src/app.py fine?"}],
+                                         response_format=Verdict, max_tokens=200, temperature=0)
+    assert isinstance(chat.choices[0].message.parsed, Verdict) and chat.choices[0].finish_reason == "stop"
+    answer = client.responses.parse(model="tiny-dense", input="Is src/app.py fine?", text_format=Verdict,
+                                    max_output_tokens=200, temperature=0)
+    assert isinstance(answer.output_parsed, Verdict)
 
 
 def test_completions_take_a_response_format(url):

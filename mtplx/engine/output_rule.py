@@ -33,7 +33,14 @@ from mtplx.engine.tool_rule import content_start
 # model cannot fill its budget with newlines.
 _LEAD = r"/[ \t\r\n]{0,8}/"
 
+# A JSON number longer than this must end: float64 holds 17 significant digits, and a model
+# looping on digits (the tiny ones do, under a bare "integer") would otherwise write until its
+# budget ends. The grammar alone cannot say it: llguidance bounds integers only within i64.
+MAX_NUMBER = 32
+_NUMBER_BYTES = frozenset(b"0123456789+-.eE")
+
 _tokenizers: dict[int, object] = {}
+_numeric_starts: dict[int, np.ndarray] = {}
 _lock = threading.Lock()
 
 
@@ -92,6 +99,8 @@ class OutputRule:
         self.matcher = llguidance.LLMatcher(grammar.tokenizer, grammar.text)
         self.think, self.starts_in_reasoning, self.call_open = think, starts_in_reasoning, call_open
         self._fed: list[int] = []  # reply tokens the matcher has consumed (after any reasoning)
+        # After each fed token: (inside a string, after a backslash there, length of the number being written).
+        self._lex: list[tuple[bool, bool, int]] = []
         self._blank: dict[int, bool] = {}
 
     def apply(self, logits: mx.array, history: Sequence[int]) -> mx.array:
@@ -118,7 +127,40 @@ class OutputRule:
                 extra.append(self.think[0])  # the model may open its reasoning first
         allowed = allowed.astype(bool)
         allowed[[t for t in extra if t < width]] = True
+        in_string, _, number = self._lex[-1] if self._lex else (False, False, 0)
+        if not in_string and number >= MAX_NUMBER:
+            ended = allowed & ~self._numeric_start(width)
+            if ended.any():  # past the grammar's own minimum (a digit after "." or "e"), always true here
+                allowed = ended
         return mx.where(mx.array(allowed), logits, -mx.inf)
+
+    def _numeric_start(self, width: int) -> np.ndarray:
+        """Tokens whose text starts with a character that continues a number, once per tokenizer."""
+        key = id(self.grammar.tokenizer)
+        with _lock:
+            if key not in _numeric_starts:
+                decode = self.grammar.tokenizer.decode_bytes
+                _numeric_starts[key] = np.array([(b := decode([t]))[:1] != b"" and b[0] in _NUMBER_BYTES
+                                                 for t in range(self.grammar.tokenizer.vocab_size)], dtype=bool)
+            starts = _numeric_starts[key]
+        return starts[:width] if starts.size >= width else np.pad(starts, (0, width - starts.size))
+
+    def _lexed(self, token: int) -> tuple[bool, bool, int]:
+        """The string / number state after `token`, from the state before it."""
+        in_string, escaped, number = self._lex[-1] if self._lex else (False, False, 0)
+        for byte in self.grammar.tokenizer.decode_bytes([token]):
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif byte == 0x5C:  # backslash
+                    escaped = True
+                elif byte == 0x22:  # closing quote
+                    in_string = False
+            elif byte == 0x22:
+                in_string, number = True, 0
+            else:
+                number = number + 1 if byte in _NUMBER_BYTES else 0
+        return in_string, escaped, number
 
     def _follow(self, content: list[int]) -> bool:
         """Bring the matcher to `content`: roll back to the common prefix, consume the rest."""
@@ -129,10 +171,10 @@ class OutputRule:
             n += 1
         if n < len(self._fed):
             if self.matcher.rollback(len(self._fed) - n):
-                del self._fed[n:]
+                del self._fed[n:], self._lex[n:]
             else:  # past what it can roll back: start over
                 self.matcher.reset()
-                self._fed = []
+                self._fed, self._lex = [], []
         for token in content[len(self._fed):]:
             if not self.matcher.consume_token(token):
                 # A token the mask did not allow (none is drawn from these logits; a history from
@@ -141,6 +183,7 @@ class OutputRule:
                 self.matcher.reset()
                 self.matcher.consume_tokens(self._fed)
                 return False
+            self._lex.append(self._lexed(token))
             self._fed.append(token)
         return True
 
