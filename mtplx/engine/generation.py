@@ -190,7 +190,7 @@ class Generation:
         out: list[int] = []
         text = ""
         segment = self.segments.peek(tokens[0]) if tokens else "content"
-        drawn, self.picked_logprobs = self.picked_logprobs, []  # AR only: one entry per token handed in
+        drawn, self.picked_logprobs = self.picked_logprobs, []  # one per token handed in (a pick, or a verify row)
         logprobs = []
         for i, token in enumerate(tokens):
             if token in self.eos_ids:
