@@ -149,6 +149,7 @@ class Finished:
     reply: dict | None = None  # the assistant message those pieces make (reply_stream.message; made if None)
     t: float = field(default_factory=_now)
     logprobs: tuple = ()  # engine/logprobs.TokenLogprob per emitted token, when the request asked for them
+    stop_sequence: str | None = None  # the request's stop string that ended the reply (Anthropic reports it)
 
     def __post_init__(self):
         if isinstance(self.stats, dict):  # plain data (the event stream's JSON, an empty {}): typed here

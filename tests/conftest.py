@@ -49,17 +49,31 @@ def engine(request, dense_engine, hybrid_engine):
     return dense_engine if request.param == "tiny-dense" else hybrid_engine
 
 
-@pytest.fixture(scope="module")
-def tiny_dense_url():
+def _served(**engine_args):
     """A server of its own (engine and app) on tiny-dense, for one module's HTTP tests."""
+    from mtplx.catalog import resolve
+    from mtplx.engine.engine import Engine, EngineConfig
     from mtplx.server.app import create_app
     from mtplx.server.background import BackgroundServer
 
-    engine = _engine("tiny-dense", chunk_size=64)
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", **engine_args).start()
     served = BackgroundServer(create_app(engine, "tiny-dense")).start()
     yield served.url
     served.stop()
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_dense_url():
+    yield from _served()
+
+
+@pytest.fixture(scope="module")
+def tiny_dense_bank_url():
+    """The same with a session bank (in RAM; the SSD tier is its own option)."""
+    from mtplx.bank.bank import BankConfig
+
+    yield from _served(bank=BankConfig())
 
 
 def pytest_sessionfinish(session, exitstatus):

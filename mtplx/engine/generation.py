@@ -345,7 +345,7 @@ class Generation:
         return Finished(
             self.request.request_id, self.finish_reason or "stop", len(self.request.prompt), len(self.generated),
             self.stats.cached_tokens, self.stream.text, tuple(self.generated), self.stats.freeze(),
-            tuple(self.pieces), message(self.pieces), logprobs=tuple(self.logprobs),
+            tuple(self.pieces), message(self.pieces), logprobs=tuple(self.logprobs), stop_sequence=self.stream.matched,
         ), tail
 
 

@@ -46,6 +46,7 @@ class TextStream:
         self.text = ""
         self.released = 0  # characters of self.text handed out
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (the earliest one found)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -65,8 +66,8 @@ class TextStream:
         visible = visible_mask(self.text, self.in_reasoning) if self.stops else self.text
         for stop in self.stops:
             at = visible.find(stop, max(0, self.released - len(stop)))
-            if at != -1:
-                self.text, visible, self.stopped = self.text[:at], visible[:at], True
+            if at != -1:  # a later stop in the loop is searched only before this one: the earliest wins
+                self.text, visible, self.stopped, self.matched = self.text[:at], visible[:at], True, stop
         end = len(self.text)
         if not self.stopped:
             for stop in self.stops:  # hold back a tail that may grow into a stop string

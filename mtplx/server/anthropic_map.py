@@ -8,7 +8,7 @@ import uuid
 
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished, Tokens
-from mtplx.server import output_format
+from mtplx.server import output_format, prefill
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
 from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
@@ -158,9 +158,12 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
     if "stop_sequences" in body:
         mapped["stop"] = body["stop_sequences"]
     stream = stream_flag(body)
+    thinking, start = thinking_flag(body.get("thinking")), None
+    if messages and messages[-1]["role"] == "assistant":  # a prefill: Claude's reply starts with this text
+        messages, start, thinking = prefill.split(messages, thinking)
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
-                    thinking_flag(body.get("thinking")), from_anthropic(body.get("tool_choice"), tools),
-                    output_format.from_anthropic(body.get("output_config")))
+                    thinking, from_anthropic(body.get("tool_choice"), tools),
+                    output_format.from_anthropic(body.get("output_config")), prefill=start)
 
 
 def with_format(messages: list[dict], config) -> list[dict]:
@@ -200,6 +203,8 @@ def error_body(status: int, message: str, kind: str | None = None) -> dict:
 def stop_reason(fin: Finished, tool_calls: int) -> str:
     if fin.finish_reason == "length":
         return "max_tokens"
+    if fin.stop_sequence is not None:
+        return "stop_sequence"
     return "tool_use" if tool_calls else "end_turn"
 
 
@@ -223,7 +228,7 @@ def message(model: str, fin: Finished, signer: Signer) -> dict:
             content.append({"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": p.name,
                             "input": _input(p.arguments)})
     return {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": stop_reason(fin, calls), "stop_sequence": None,
+            "content": content, "stop_reason": stop_reason(fin, calls), "stop_sequence": fin.stop_sequence,
             "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}
 
 
@@ -293,6 +298,6 @@ class MessageStream:
     def finish(self, fin: Finished) -> list[tuple[str, dict]]:
         out = self._pieces(fin.pieces[self.fed:]) + self._close()
         out.append(("message_delta", {"type": "message_delta",
-                                      "delta": {"stop_reason": stop_reason(fin, self.calls), "stop_sequence": None},
+                                      "delta": {"stop_reason": stop_reason(fin, self.calls), "stop_sequence": fin.stop_sequence},
                                       "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}))
         return out + [("message_stop", {"type": "message_stop"})]

@@ -12,7 +12,7 @@ from mtplx.errors import RequestError
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.context import check_max_tokens
 from mtplx.server.media import OPENAI_MEDIA, placeholder
-from mtplx.server import output_format
+from mtplx.server import output_format, prefill
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import ToolChoice, from_openai
 
@@ -33,6 +33,7 @@ class ChatCall:
     tool_choice: ToolChoice = ToolChoice()
     schema: dict | None = None  # the reply held to this JSON schema (server/output_format.py)
     grammar: object = None  # the schema compiled for the model's tokenizer, when the call is encoded
+    prefill: str | None = None  # the reply continues this text (server/prefill.py); not in `messages`
 
 
 def _reject_constant(name: str):
@@ -243,6 +244,16 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     thinking = body.get("enable_thinking", (body.get("chat_template_kwargs") or {}).get("enable_thinking"))
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be a boolean", "enable_thinking")
+    start = None
+    if _flag(body, "continue_final_message"):  # vLLM's extension: the reply continues the last assistant turn
+        messages, start, thinking = prefill.split(messages, thinking)
     return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
                     bool(options.get("include_usage")), thinking, from_openai(body.get("tool_choice"), tools),
-                    output_format.from_openai(body.get("response_format")))
+                    output_format.from_openai(body.get("response_format")), prefill=start)
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is not None and not isinstance(value, bool):
+        raise bad_request(f"{name} must be a boolean", name)
+    return bool(value)

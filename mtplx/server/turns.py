@@ -18,7 +18,7 @@ from mtplx.chat import chat_request, render
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
 from mtplx.events import TERMINAL, EngineEvent
-from mtplx.server import output_format
+from mtplx.server import output_format, prefill
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.context import fit
 from mtplx.server.encode_cache import EncodeCache
@@ -76,6 +76,15 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
         if "messages" in hit[1]:  # folded on the miss: the bank must see what was rendered
             call.messages[:] = hit[1]["messages"]
         return hit[0]
+    tokens, extra = _render(engine, call)
+    if call.prefill is not None:
+        tokens = prefill.tokens(engine.checkpoint.tokenizer, tokens, call.prefill)
+    cache.put(key, tokens, extra)
+    return tokens
+
+
+def _render(engine, call: ChatCall) -> tuple[list[int], dict]:
+    """The call's messages as tokens, and what the encode cache must remember beside them."""
     try:
         try:
             tokens = render(engine.checkpoint.tokenizer, call.messages, call.tools, enable_thinking=call.enable_thinking)
@@ -86,8 +95,7 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
             # Templates that allow a system turn only first (Qwen3's): a later one becomes a user turn.
             tokens = render(engine.checkpoint.tokenizer, folded, call.tools, enable_thinking=call.enable_thinking)
             call.messages[:] = folded
-            cache.put(key, tokens, {"messages": folded})
-            return tokens
+            return tokens, {"messages": folded}
     except Exception as exc:  # a template error is the request's fault (e.g. roles out of order)
         if not getattr(engine.checkpoint.tokenizer, "chat_template", None):
             raise bad_request("this model has no chat template (a base model?), so it cannot take chat messages; "
@@ -95,8 +103,7 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
                               "messages", "no_chat_template") from None
         raise bad_request(f"messages could not be rendered with the chat template: {type(exc).__name__}: {exc}",
                           "messages") from None
-    cache.put(key, tokens, {})
-    return tokens
+    return tokens, {}
 
 
 async def encoded(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -> list[int]:
