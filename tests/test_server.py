@@ -273,6 +273,32 @@ def test_completions_stream_and_parameter_rules(server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "seed"
 
 
+def test_completions_take_token_ids_and_echo(server):
+    """`prompt` as token ids (or a one-item list) is the same prompt as its text; `echo` puts the
+    prompt before the completion, whole and streamed; what cannot be honoured is a 400."""
+    url, engine = server[0] + "/v1/completions", server[1]
+    text = "import os\nimport sys\n\n\ndef main():"
+    ids = engine.checkpoint.tokenizer.encode(text)
+    body = {"model": "tiny-dense", "max_tokens": 12, "temperature": 0}
+    answers = [httpx.post(url, json={**body, "prompt": p}, timeout=60).json() for p in (text, ids, [ids], [text])]
+    assert len({a["choices"][0]["text"] for a in answers}) == 1
+    assert {a["usage"]["prompt_tokens"] for a in answers} == {len(ids)}
+    completion = answers[0]["choices"][0]["text"]
+    for prompt in (text, ids):
+        echoed = httpx.post(url, json={**body, "prompt": prompt, "echo": True}, timeout=60).json()
+        assert echoed["choices"][0]["text"] == text + completion
+    with httpx.stream("POST", url, json={**body, "prompt": text, "echo": True, "stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:])["choices"][0]["text"] for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    assert chunks[0] == text and "".join(chunks) == text + completion
+    for extra, param in [({"prompt": [text, text]}, "prompt"), ({"prompt": [1, 10**7]}, "prompt"),
+                         ({"prompt": [True]}, "prompt"), ({"prompt": []}, "prompt"),
+                         ({"prompt": text, "suffix": "x"}, "suffix"), ({"prompt": text, "best_of": 3}, "best_of"),
+                         ({"prompt": text, "echo": "yes"}, "echo"), ({"prompt": text, "echo": True, "logprobs": 1}, "echo")]:
+        bad = httpx.post(url, json={**body, **extra}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (extra, bad.text)
+
+
 def test_a_long_render_never_holds_the_other_clients(server, monkeypatch):
     """Rendering and tokenizing run on a worker thread: while one request's conversation is
     encoded (a 100k-token history takes ~0.5 s here; here it is held for 3 s), other clients'

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from mtplx.bank.watch import BankWatch
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
-from mtplx.server import anthropic_map, openai_response, output_format, responses
+from mtplx.server import anthropic_map, completion_prompt, openai_response, output_format, responses
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
@@ -188,10 +188,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
     async def completions(request: Request):
-        _, body = await body_of(request)
-        prompt_text = body.get("prompt")
-        if not isinstance(prompt_text, str) or not prompt_text:
-            raise bad_request("prompt must be a non-empty string", "prompt")
+        raw, body = await body_of(request)
+        given = completion_prompt.parse(body, len(tokenizer))
         stream = stream_flag(body)
         if body.get("stream_options") is not None and not stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
@@ -199,13 +197,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = ChatCall([], None, sampling_from(body, defaults, limit()), stream, include_usage,
                         schema=output_format.from_openai(body.get("response_format")))
         await asyncio.to_thread(output_format.compile_call, engine, call)
-        sub = submit(engine, call, await asyncio.to_thread(tokenizer.encode, prompt_text), "api", session_from(request.headers))
-        logprobs = call.sampling.logprobs is not None
+        sub = submit(engine, call, await asyncio.to_thread(given.tokens, tokenizer), "api", session_from(request.headers), raw)
+        logprobs, echo = call.sampling.logprobs is not None, given.echoed(tokenizer)
         if not stream:
-            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin, logprobs), request,
+            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin, logprobs, echo), request,
                                 budget_headers(call, sub))
-        return _streamed(request, sub, _openai_sse(sub, openai_response.TextCompletionStream(model_name, logprobs), include_usage),
-                         budget_headers(call, sub))
+        chunks = openai_response.TextCompletionStream(model_name, logprobs)
+        return _streamed(request, sub, _openai_sse(sub, chunks, include_usage, chunks.first(echo)), budget_headers(call, sub))
 
     # -- OpenAI Responses (Codex) -----------------------------------------------------------
     @app.post("/v1/responses")

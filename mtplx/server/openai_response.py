@@ -115,9 +115,10 @@ def completion(model: str, fin: Finished, logprobs: bool = False) -> dict:
             "usage": usage(fin)}
 
 
-def text_completion(model: str, fin: Finished, logprobs: bool = False) -> dict:
+def text_completion(model: str, fin: Finished, logprobs: bool = False, echo: str = "") -> dict:
+    """`echo`: the prompt's text, when the request asked for it before the completion."""
     return {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "text": fin.text,
+            "model": model, "choices": [{"index": 0, "text": echo + fin.text,
                                          "logprobs": legacy_logprobs(fin.logprobs) if logprobs else None,
                                          "finish_reason": "length" if fin.finish_reason == "length" else "stop"}],
             "usage": usage(fin)}
@@ -133,6 +134,10 @@ class TextCompletionStream:
     def _chunk(self, text: str, finish: str | None = None, logprobs=None) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+
+    def first(self, echo: str) -> dict | None:
+        """The echoed prompt, as the stream's first chunk (None when not asked for)."""
+        return self._chunk(echo) if echo else None
 
     def tokens(self, event: Tokens) -> list[dict]:
         if not event.text and not event.logprobs:

@@ -1,0 +1,61 @@
+"""The prompt of a legacy /v1/completions request, as token ids, and the options that change
+what its answer holds.
+
+OpenAI's `prompt` may be a string, token ids, or a list of either (a batch); one prompt a request
+is served here (one text or one list of ids, alone or as a one-item list), and a batch of several
+is a 400 that says so, never a silent first item. `echo` puts the prompt's text before the
+completion. `suffix` (fill-in-the-middle) and `best_of` above 1 change what must be generated, so
+they are refused rather than ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mtplx.server.api_error import bad_request
+
+
+@dataclass(frozen=True)
+class CompletionPrompt:
+    ids: list[int] | None  # given as token ids; None when given as text (encoded on a worker thread)
+    text: str | None  # given as text
+    echo: bool
+
+    def tokens(self, tokenizer) -> list[int]:
+        return self.ids if self.ids is not None else list(tokenizer.encode(self.text))
+
+    def echoed(self, tokenizer) -> str:
+        """What `echo` puts before the completion: the prompt as the client wrote it (ids decoded)."""
+        if not self.echo:
+            return ""
+        return self.text if self.text is not None else tokenizer.decode(self.ids)
+
+
+def parse(body: dict, vocab_size: int) -> CompletionPrompt:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > 1:
+            raise bad_request(f"prompt holds {len(prompt)} prompts; this server takes one a request", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
+        ids, text = None, prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t < vocab_size for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < vocab_size)
+            raise bad_request(f"prompt token {bad} is outside this model's vocabulary of {vocab_size}", "prompt")
+        ids, text = list(prompt), None
+    else:
+        raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
+    echo = body.get("echo", False)
+    if echo is not None and not isinstance(echo, bool):
+        raise bad_request("echo must be a boolean", "echo")
+    if echo and body.get("logprobs") is not None:
+        raise bad_request("echo with logprobs (the prompt's own log-probabilities) is not supported", "echo")
+    if body.get("suffix"):
+        raise bad_request("suffix (fill-in-the-middle) is not supported by this server", "suffix")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise bad_request("best_of must be 1", "best_of")
+    return CompletionPrompt(ids, text, bool(echo))
