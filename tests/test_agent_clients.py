@@ -189,7 +189,8 @@ def test_tool_calls_only_when_allowed_and_forced_when_required(url):
 # -- Codex (Responses API) --------------------------------------------------------------------
 def test_codex_request_replays_and_previous_response_id_restores(url):
     recorded = fixture("codex", "0001-v1_responses.json")
-    r = post(url, recorded, temperature=0, max_output_tokens=48)
+    assert recorded["body"]["store"] is False  # Codex keeps nothing on the server: it resends the whole input
+    r = post(url, recorded, temperature=0, max_output_tokens=48, store=True)
     assert r.status_code == 200, r.text
     events = sse(r)
     kinds = [d["type"] for _, d in events]
@@ -272,6 +273,35 @@ def test_previous_response_id_survives_a_server_restart(url):
         assert after.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_nope"}).status_code == 400
 
 
+def test_a_kept_response_is_retrieved_and_deleted_and_store_false_keeps_nothing(url):
+    """What the OpenAI SDK's responses.retrieve / delete call; `store: false` (Codex's default)
+    keeps nothing, so it cannot be retrieved or continued, as OpenAI answers; `background` is a
+    400, never run in the foreground as if it were honoured."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    made = client.responses.create(model="m", input="hi", max_output_tokens=6, temperature=0)
+    got = client.responses.retrieve(made.id)
+    assert got.id == made.id and got.output_text == made.output_text and got.usage.output_tokens == 6 and got.store
+    with client.responses.stream(model="m", input="hi", max_output_tokens=6, temperature=0) as stream:
+        streamed = stream.get_final_response()
+    assert client.responses.retrieve(streamed.id).output_text == streamed.output_text
+    client.responses.delete(made.id)
+    for call in (lambda: client.responses.retrieve(made.id), lambda: client.responses.delete(made.id)):
+        with pytest.raises(openai.NotFoundError, match="response_not_found|not kept"):
+            call()
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        client.responses.create(model="m", input="more", previous_response_id=made.id, max_output_tokens=2)
+    private = client.responses.create(model="m", input="hi", max_output_tokens=2, store=False)
+    assert private.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(private.id)
+    with pytest.raises(openai.BadRequestError, match="store: false"):
+        client.responses.create(model="m", input="more", previous_response_id=private.id, max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="background"):
+        client.responses.create(model="m", input="hi", background=True, max_output_tokens=2)
+
+
 def test_response_store_is_bounded_and_survives_a_damaged_file(tmp_path):
     from mtplx.server.api_error import ApiError
     from mtplx.server.response_store import ResponseStore
@@ -292,6 +322,24 @@ def test_response_store_is_bounded_and_survives_a_damaged_file(tmp_path):
     assert [p.read_bytes() for p in tmp_path.glob("bad.db.damaged-*")] == [b"not a database" * 100]  # set aside
     with pytest.raises(ValueError):
         ResponseStore(capacity=0)
+
+
+def test_a_response_store_from_before_retrieval_is_opened_and_kept(tmp_path):
+    """A file written before responses were kept whole: its conversations still continue, and
+    new responses are kept whole beside them."""
+    import sqlite3
+
+    from mtplx.server.response_store import ResponseStore
+
+    old = sqlite3.connect(tmp_path / "responses.db")
+    old.execute("create table responses (id text primary key, used real not null, messages text not null)")
+    old.execute("insert into responses values ('r0', 1.0, '[]')")
+    old.commit()
+    old.close()
+    store = ResponseStore(tmp_path / "responses.db")
+    assert store.get("r0") == [] and store.response("r0") is None
+    store.put("r1", [], {"id": "r1"})
+    assert ResponseStore(tmp_path / "responses.db").response("r1") == {"id": "r1"}
 
 
 def test_response_store_on_a_full_disk_keeps_answering_and_writes_later(tmp_path):

@@ -215,8 +215,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         built = responses.ResponseStream(model_name, body, signer)
 
-        def keep(fin):  # what a follow-up naming this response renders as its history
-            response_store.put(built.id, call.messages + responses.output_messages(built.output))
+        def keep(fin):  # what a follow-up naming this response renders as its history, and the response
+            if body.get("store") is not False:
+                response_store.put(built.id, call.messages + responses.output_messages(built.output),
+                                   built.response("completed", fin))
 
         if not call.stream:
             return await _whole(sub, lambda fin: (built.whole(fin), keep(fin))[0], request, budget_headers(call, sub))
@@ -242,6 +244,21 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                         **built.response("failed"), "error": {"code": failure.type, "message": failure.message}}})
 
         return _streamed(request, sub, stream(), budget_headers(call, sub))
+
+    @app.get("/v1/responses/{response_id}")
+    @app.get("/responses/{response_id}", include_in_schema=False)
+    async def response_get(response_id: str):
+        found = await asyncio.to_thread(response_store.response, response_id)
+        if found is None:
+            raise _no_response(response_id)
+        return JSONResponse(found)
+
+    @app.delete("/v1/responses/{response_id}")
+    @app.delete("/responses/{response_id}", include_in_schema=False)
+    async def response_delete(response_id: str):
+        if not await asyncio.to_thread(response_store.delete, response_id):
+            raise _no_response(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     # -- Anthropic --------------------------------------------------------------------------
     @app.post("/v1/messages")
@@ -327,6 +344,12 @@ async def _openai_sse(sub, chunks, include_usage: bool, first: dict | None = Non
         elif isinstance(event, Failed):
             yield _sse(_failure(event).body())
     yield _sse("[DONE]")
+
+
+def _no_response(response_id: str) -> ApiError:
+    return ApiError(404, f"response {response_id!r} is not kept by this server (unknown, deleted, sent with "
+                         "store: false, or past the most recently used it keeps)", None, "invalid_request_error",
+                    "response_not_found")
 
 
 def _failure(event: Failed) -> ApiError:

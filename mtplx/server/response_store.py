@@ -1,5 +1,6 @@
-"""The conversations behind `previous_response_id`: each response's chat messages (its input and
-output, as a follow-up renders them), by response id.
+"""The responses a client asked to keep (`store`, true unless it says false): each one's chat
+messages (its input and output, as a follow-up naming it in `previous_response_id` renders them)
+and the response object itself (what `GET /v1/responses/{id}` returns), by response id.
 
 Kept in a small SQLite file under MTPLX_HOME, so a client that names a response after the server
 restarted still gets its history (the session bank restores the state from SSD the same way).
@@ -30,7 +31,8 @@ class ResponseStore:
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.capacity, self.lock = capacity, threading.Lock()
-        self.held: OrderedDict[str, tuple[float, str]] = OrderedDict()  # written once the disk takes them
+        # (used, messages, response) as JSON, written once the disk takes them
+        self.held: OrderedDict[str, tuple[float, str, str | None]] = OrderedDict()
         self.db = self._open(path)
 
     def _open(self, path: Path | None) -> sqlite3.Connection:
@@ -53,38 +55,65 @@ class ResponseStore:
     def _schema(db: sqlite3.Connection) -> sqlite3.Connection:
         db.execute("pragma journal_mode=wal")
         db.execute("create table if not exists responses (id text primary key, used real not null, messages text not null)")
+        if "response" not in {row[1] for row in db.execute("pragma table_info(responses)")}:
+            db.execute("alter table responses add column response text")  # a store from before retrieval
         db.execute("create index if not exists responses_used on responses (used)")
         db.commit()
         return db
 
     def get(self, response_id: str) -> list[dict]:
-        with self.lock:
-            if response_id in self.held:
-                self.held[response_id] = (time.time(), self.held[response_id][1])
-                self.held.move_to_end(response_id)
-                return json.loads(self.held[response_id][1])
-            row = self.db.execute("select messages from responses where id = ?", (response_id,)).fetchone()
-            if row is not None:
-                self._write("update responses set used = ? where id = ?", (time.time(), response_id))
+        """The conversation a follow-up naming `response_id` continues."""
+        row = self._row(response_id)
         if row is None:
             raise bad_request(f"previous_response_id {response_id!r} is unknown to this server (it keeps its "
-                              f"{self.capacity} most recently used responses)", "previous_response_id",
-                              "previous_response_not_found")
+                              f"{self.capacity} most recently used responses, and none sent with store: false)",
+                              "previous_response_id", "previous_response_not_found")
         return json.loads(row[0])
 
-    def put(self, response_id: str, messages: list[dict]) -> None:
+    def response(self, response_id: str) -> dict | None:
+        """The response object as the client got it; None when unknown (or kept before retrieval)."""
+        row = self._row(response_id)
+        return json.loads(row[1]) if row is not None and row[1] is not None else None
+
+    def _row(self, response_id: str) -> tuple[str, str | None] | None:
         with self.lock:
-            self.held[response_id] = (time.time(), json.dumps(messages, ensure_ascii=False))
+            if response_id in self.held:
+                _, messages, response = self.held[response_id]
+                self.held[response_id] = (time.time(), messages, response)
+                self.held.move_to_end(response_id)
+                return messages, response
+            row = self.db.execute("select messages, response from responses where id = ?", (response_id,)).fetchone()
+            if row is not None:
+                self._write("update responses set used = ? where id = ?", (time.time(), response_id))
+            return row
+
+    def put(self, response_id: str, messages: list[dict], response: dict | None = None) -> None:
+        with self.lock:
+            self.held[response_id] = (time.time(), json.dumps(messages, ensure_ascii=False),
+                                      None if response is None else json.dumps(response, ensure_ascii=False))
             self.held.move_to_end(response_id)
             while len(self.held) > self.capacity:
                 self.held.popitem(last=False)
             while self.held:
-                key, (used, text) = next(iter(self.held.items()))
-                if not self._write("insert or replace into responses values (?, ?, ?)", (key, used, text)):
+                key, (used, text, whole) = next(iter(self.held.items()))
+                if not self._write("insert or replace into responses values (?, ?, ?, ?)", (key, used, text, whole)):
                     return
                 del self.held[key]
             self._write("delete from responses where id not in (select id from responses order by used desc limit ?)",
                         (self.capacity,))
+
+    def delete(self, response_id: str) -> bool:
+        """Forget a response; False when it was not kept. A disk that refuses the delete keeps the
+        row (logged): the answer is then False, so the client is never told it is gone."""
+        with self.lock:
+            held = self.held.pop(response_id, None) is not None
+            try:
+                with self.db:
+                    gone = self.db.execute("delete from responses where id = ?", (response_id,)).rowcount > 0
+            except sqlite3.Error as exc:
+                log.warning("response store: %s not deleted (%s)", response_id, exc)
+                return False
+            return held or gone
 
     def _write(self, sql: str, args: tuple) -> bool:
         """One statement, committed; False (logged) when the disk refuses it. Holds the lock."""

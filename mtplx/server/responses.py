@@ -127,6 +127,10 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise bad_request("previous_response_id must be a string", "previous_response_id")
+    if body.get("background"):  # a response run detached and polled for: not built, so never pretended
+        raise bad_request("background responses are not supported; stream the response instead", "background")
+    if body.get("store") not in (None, True, False):
+        raise bad_request("store must be a boolean", "store")
     schema = output_format.from_responses(body.get("text"))
     include = body.get("include") if isinstance(body.get("include"), list) else []
     if body.get("top_logprobs") or "message.output_text.logprobs" in include:  # never dropped silently
@@ -185,7 +189,7 @@ class ResponseStream:
                "output": self.output if status != "in_progress" else [], "error": None, "incomplete_details": None,
                "previous_response_id": self.body.get("previous_response_id"), "parallel_tool_calls": False,
                "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
-               "usage": usage(fin) if fin else None}
+               "store": self.body.get("store") is not False, "usage": usage(fin) if fin else None}
         if fin is not None and fin.finish_reason == "length":
             out["status"], out["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
         return out
