@@ -176,7 +176,12 @@ BAD = [b"{not json", b"[]", b'"x"', b"42", b"null", b'{"messages": "hi"}', b'{"m
        b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 500}}',
        b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"five": 1}}',
        b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 1}}',
-       b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": [5]}']
+       b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": [5]}',
+       b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": '
+       b'{"name": "f", "parameters": "none"}}]}',
+       b'{"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}',
+       b'{"a": ' * 50_000 + b"1" + b"}" * 50_000,  # past the parser's recursion limit
+       b'{"messages": [{"role": "user", "content": "x"}], "x": ' + b"[" * 200 + b"]" * 200 + b"}"]
 
 
 @pytest.mark.parametrize("body", BAD)
@@ -201,6 +206,12 @@ def test_more_bad_input_and_routes(server, client):
     r = httpx.post(url + "/v1/chat/completions", json={"messages": too_long, "stream": True})
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
     assert httpx.post(url + "/v1/messages", json={"messages": [{"role": "user", "content": "x"}]}).status_code == 400
+    schema = httpx.post(url + "/v1/messages", json={"max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
+                                                    "tools": [{"name": "f", "input_schema": "x"}]})
+    assert schema.status_code == 400 and "input_schema" in schema.json()["error"]["message"]
+    for bad in ({"tools": [{"type": "function", "name": "f", "parameters": [1]}]}, {"max_output_tokens": 0}):
+        r = httpx.post(url + "/v1/responses", json={"input": "x", **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("tools[0].parameters", "max_output_tokens"), r.text
     # and the next normal request works
     assert client.chat.completions.create(model="tiny-dense", messages=ask(), max_tokens=5).usage.completion_tokens == 5
 

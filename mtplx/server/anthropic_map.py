@@ -11,7 +11,7 @@ from mtplx.events import Finished, Tokens
 from mtplx.server import output_format, prefill
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
-from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
+from mtplx.server.openai_request import ChatCall, _check_text, check_schema, sampling_from, stream_flag
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import from_anthropic
@@ -144,6 +144,7 @@ def to_tools(raw) -> list[dict] | None:
     for i, t in enumerate(raw):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise bad_request(f"tools[{i}] needs a name", f"tools[{i}]")
+        check_schema(t.get("input_schema"), f"tools[{i}].input_schema")
         tools.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                        "parameters": t.get("input_schema", {"type": "object"})}})
     return tools or None

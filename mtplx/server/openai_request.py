@@ -17,6 +17,7 @@ from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import ToolChoice, from_openai
 
 MAX_BODY = 16 << 20
+MAX_DEPTH = 100  # a real request nests ~10 levels (a tool's JSON schema inside a tool inside the list)
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Fields that change what the model must do; accepting them silently would be a lie.
 UNSUPPORTED = {"functions": "functions (use tools)", "audio": "audio"}
@@ -49,9 +50,26 @@ def parse_json(raw: bytes) -> dict:
         raise bad_request("request body is not UTF-8") from None
     except json.JSONDecodeError as exc:
         raise bad_request(f"request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise bad_request(f"request body is nested deeper than {MAX_DEPTH} levels") from None
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+    if _depth(body) > MAX_DEPTH:  # every later step (schemas, templates, receipts) walks it recursively
+        raise bad_request(f"request body is nested deeper than {MAX_DEPTH} levels")
     return body
+
+
+def _depth(value) -> int:
+    """How deeply a parsed JSON value nests (without recursing, so any depth is measured)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            todo += [(v, level + 1) for v in item.values()]
+        elif isinstance(item, list):
+            todo += [(v, level + 1) for v in item]
+    return deepest
 
 
 def _check_text(value: str, param: str) -> str:
@@ -134,9 +152,16 @@ def parse_tools(raw, tool_choice) -> list[dict] | None:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
+        check_schema(fn.get("parameters"), f"tools[{i}].function.parameters")
     # Described in the prompt whatever tool_choice says: the choice is enforced on the logits
     # (server/tool_choice.py), so the prompt and its cache stay the same across choices.
     return raw or None
+
+
+def check_schema(schema, param: str) -> None:
+    """A tool's parameters: absent, or a JSON schema object (the template and the tool rule read it)."""
+    if schema is not None and not isinstance(schema, dict):
+        raise bad_request(f"{param} must be a JSON schema object, got {type(schema).__name__}", param)
 
 
 def stream_flag(body: dict) -> bool:

@@ -20,8 +20,9 @@ from mtplx.events import Finished, Tokens
 from mtplx.reply_stream import Piece
 from mtplx.server import output_format
 from mtplx.server.api_error import bad_request
+from mtplx.server.context import check_max_tokens
 from mtplx.server.media import OPENAI_MEDIA, placeholder
-from mtplx.server.openai_request import ChatCall, _check_text, sampling_from, stream_flag
+from mtplx.server.openai_request import ChatCall, _check_text, check_schema, sampling_from, stream_flag
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
@@ -117,6 +118,7 @@ def to_tools(raw) -> list[dict] | None:
         if t.get("type") == "function":
             if not isinstance(t.get("name"), str):
                 raise bad_request(f"tools[{i}].name must be a string", f"tools[{i}].name")
+            check_schema(t.get("parameters"), f"tools[{i}].parameters")
             tools.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
                                                            "parameters": t.get("parameters") or {"type": "object"}}})
     return tools or None
@@ -139,8 +141,8 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     messages = to_messages(body, store.get(previous) if previous else [], signer)
     tools = to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
-    if body.get("max_output_tokens") is not None:
-        mapped["max_tokens"] = body["max_output_tokens"]
+    if body.get("max_output_tokens") is not None:  # checked under its own name
+        mapped["max_tokens"] = check_max_tokens(body["max_output_tokens"], "max_output_tokens")
     stream = stream_flag(body)
     reasoning = body.get("reasoning")
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
