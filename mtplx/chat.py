@@ -46,19 +46,36 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
 
 
 def chat_request(tokenizer, messages: list[dict], tools: list[dict] | None = None, *, sampling=None,
-                 enable_thinking: bool | None = None, prompt: list[int] | None = None, **fields):
+                 enable_thinking: bool | None = None, prompt: list[int] | None = None, prefill: str | None = None,
+                 **fields):
     """The one way chat input becomes a GenerationRequest (server routes, TUI chat and replay, CLI
     generate, agents in tests and benches): the prompt rendered with the template (or `prompt`,
     when the caller rendered it already, e.g. through the server's encode cache) and the chat kept
-    on the request, where the bank reads its messages and the engine its tool schemas.
+    on the request, where the bank reads its messages and the engine its tool schemas. `prefill`:
+    text the reply continues (server/prefill.py), after the rendered messages.
     `fields`: the request's other fields (session, source, tool_rule, raw, arm, use_mtp, depth)."""
     from mtplx.engine.request import GenerationRequest
     from mtplx.engine.sampling import SamplingParams
 
     if prompt is None:
         prompt = render(tokenizer, messages, tools, enable_thinking=enable_thinking)
+        if prefill:
+            prompt = prompt + tokenizer.encode(prefill, add_special_tokens=False)
     chat = {"messages": list(messages), "tools": tools, "enable_thinking": enable_thinking}
+    if prefill is not None:
+        chat["prefill"] = prefill
     return GenerationRequest(tuple(prompt), sampling or SamplingParams(), chat=chat, **fields)
+
+
+def sent_back(tokenizer, chat: dict | None, reply: dict, ids, prompt) -> tuple[dict, list[int]]:
+    """A reply and its ids as the client's history will carry them. After a prefill (the reply
+    continued text the client wrote, which ends the prompt) that text leads the message the client
+    sends back, so it leads here too: the bank compares that message, and reply_ids splices it."""
+    text = (chat or {}).get("prefill")
+    if not text:
+        return reply, list(ids)
+    lead = list(prompt)[len(prompt) - len(tokenizer.encode(text, add_special_tokens=False)):]
+    return {**reply, "content": text + (reply.get("content") or "")}, lead + list(ids)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

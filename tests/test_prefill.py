@@ -102,3 +102,34 @@ def test_anthropic_reports_the_stop_sequence_that_ended_the_reply(url):
     delta = httpx.Response(200, content=last[6:]).json()["delta"]
     assert delta == {"stop_reason": "stop_sequence", "stop_sequence": stop}
     assert free["stop_reason"] == "max_tokens" and free["stop_sequence"] is None
+
+
+def test_the_next_turn_restores_through_a_prefilled_reply(url, tokenizer):
+    """The client sends the reply back as the prefill plus what followed it: the bank expects
+    that message (and render-ahead prepares it), so the next turn restores through the reply."""
+    head = {"system": "You are a coding agent in a Python repository. Answer with paths; read before you edit.",
+            "thinking": {"type": "disabled"}}
+    ask = [{"role": "user", "content": "Where is the parser for the billing module?"}]
+    session = {"x-session-id": "prefilled"}
+    first = httpx.post(url + "/v1/messages", headers=session, timeout=60, json={
+        "model": "m", "max_tokens": 300, "temperature": 0, **head, "messages": ask + [{"role": "assistant", "content": "It is in"}]}).json()
+    assert first["stop_reason"] == "end_turn"  # sent back as it is
+    _settle(url)
+    history = ask + [{"role": "assistant", "content": "It is in" + first["content"][0]["text"]},
+                     {"role": "user", "content": "Open it."}]
+    second = httpx.post(url + "/v1/messages", headers=session, timeout=60,
+                        json={"model": "m", "max_tokens": 4, "temperature": 0, **head, "messages": history}).json()
+    prompt = render(tokenizer, [{"role": "system", "content": head["system"]}] + history, None, enable_thinking=False)
+    opens = [i for i, t in enumerate(prompt) if t == tokenizer.convert_tokens_to_ids("<|im_start|>")]
+    # All but the new user turn and the generation prompt was restored (before the fix: to the
+    # first user turn's end, and the reply was prefilled again).
+    assert second["usage"]["input_tokens"] == len(prompt) - opens[-2]
+
+
+def _settle(url, limit: float = 60.0):
+    """Wait until the server's idle work (render-ahead, writes) is done."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while httpx.get(url + "/health", timeout=10).json().get("idle_work") and time.monotonic() < deadline:
+        time.sleep(0.1)

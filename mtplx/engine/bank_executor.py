@@ -20,6 +20,7 @@ from mlx_lm.models.cache import KVCache
 from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor
 from mtplx.bank.bank import Outcome, SessionBank, TurnPlan, TurnRecord
 from mtplx.bank.entry import Entry
+from mtplx.chat import sent_back
 from mtplx.state import snapshot
 from mtplx.state.turn import StartPoint, TurnState
 
@@ -172,8 +173,8 @@ class BankExecutor:
         entry = entry_from_state(state, turn.plan, turn.captures, anchors, gen.last_hidden_at_end)
         # A reply cut by max_tokens still goes back into the client's history, so it is rendered
         # ahead too; a cancelled one, or one ended by a stop string, is not sent back as it is.
-        record = TurnRecord(entry, gen.request.chat, finished.reply,
-                            sent_back=ended_by_eos or gen.finish_reason == "length")
+        reply, _ = sent_back(self.bank.tokenizer, gen.request.chat, finished.reply, (), gen.request.prompt)
+        record = TurnRecord(entry, gen.request.chat, reply, sent_back=ended_by_eos or gen.finish_reason == "length")
         self._queue_first([RenderJob(tokens, gen.use_mtp, turn.plan.session) for tokens in self.bank.commit(record)])
 
     def _keep_partial(self, turn: BankedTurn, gen, origin: str = "turn") -> None:

@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, ModelLoadError, MtplxError, RequestError
 from mtplx.events import TERMINAL, BankDecision, EngineEvent, Failed, Finished, Queued
+from mtplx.chat import sent_back
 from mtplx.reply_ids import ReplyIds
 
 # The draft vocabulary (draft_vocab.py) is used where the LM head is at least this share of a
@@ -499,8 +500,9 @@ class Engine:
                 # Before the client can send the reply back (it may at once) and before the bank
                 # renders the next turn's variants: both splice these ids (reply_ids.py).
                 try:
-                    ReplyIds.of(self.checkpoint.tokenizer).record(self.checkpoint.tokenizer, finished.reply, finished.token_ids,
-                                                                     request.prompt)
+                    tokenizer = self.checkpoint.tokenizer
+                    reply, ids = sent_back(tokenizer, request.chat, finished.reply, finished.token_ids, request.prompt)
+                    ReplyIds.of(tokenizer).record(tokenizer, reply, ids, request.prompt)
                 except Exception:  # the turn was served; a reply not recorded only renders as text
                     log.exception("recording the reply ids of %s failed", request.request_id)
             if tail:

@@ -135,7 +135,8 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
         text = raw.decode("utf-8", "replace") if raw else None
         if call.messages:
             request = chat_request(engine.checkpoint.tokenizer, call.messages, call.tools, sampling=budget.sampling,
-                                   enable_thinking=call.enable_thinking, prompt=prompt, session=session, source=source,
+                                   enable_thinking=call.enable_thinking, prompt=prompt, prefill=call.prefill,
+                                   session=session, source=source,
                                    tool_rule=rule, output_rule=output_rule, raw=text)
         else:  # a text completion: a prompt, no chat
             request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text,
