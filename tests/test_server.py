@@ -310,6 +310,30 @@ def test_completions_take_token_ids_and_echo(server):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (extra, bad.text)
 
 
+def test_parallel_tool_calls_off_gives_one_call(server):
+    """Chat's parallel_tool_calls: false (and Anthropic's disable_parallel_tool_use, Responses'
+    parallel_tool_calls) allows one call a reply, enforced on the logits; the model is nudged here
+    to call again and again (the opening token favoured, ending the turn banned)."""
+    from mtplx.server.tool_choice import from_anthropic, from_openai
+    from mtplx.vocab import token_id
+
+    url, engine = server
+    tokenizer = engine.checkpoint.tokenizer
+    nudge = {str(token_id(tokenizer, "<tool_call>")): 3} | {str(e): -100 for e in engine.eos_ids}
+    body = {"messages": [{"role": "system", "content": "You are a coding agent."},
+                         {"role": "user", "content": "Read core/billing/mac_turkish.py and tests/test_mac_turkish.py"}],
+            "tools": TOOLS, "max_tokens": 120, "temperature": 0, "logit_bias": nudge, "enable_thinking": False}
+    calls = lambda **extra: httpx.post(url + "/v1/chat/completions", json={**body, **extra}, timeout=60).json()[
+        "choices"][0]["message"].get("tool_calls") or []
+    assert len(calls()) >= 2 and len(calls(parallel_tool_calls=False)) == 1
+    assert from_anthropic({"type": "auto", "disable_parallel_tool_use": True}, TOOLS).parallel is False
+    assert from_anthropic({"type": "any"}, TOOLS).parallel and from_openai("required", TOOLS, False).parallel is False
+    bad = httpx.post(url + "/v1/chat/completions", json={**body, "parallel_tool_calls": "no"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "parallel_tool_calls"
+    told = httpx.post(url + "/v1/responses", json={"input": "hi", "max_output_tokens": 2, "parallel_tool_calls": False}).json()
+    assert told["parallel_tool_calls"] is False
+
+
 def test_a_long_render_never_holds_the_other_clients(server, monkeypatch):
     """Rendering and tokenizing run on a worker thread: while one request's conversation is
     encoded (a 100k-token history takes ~0.5 s here; here it is held for 3 s), other clients'

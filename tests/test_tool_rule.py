@@ -40,6 +40,39 @@ def test_required_lets_only_blanks_before_the_call_once_the_reply_starts():
     assert mx.argmax(rule.apply(logits, [3, 0, 4, 1, 1])).item() == OPEN  # two blanks, then forced
 
 
+def test_one_call_only_masks_a_second_opening_once_a_call_has_closed():
+    CLOSE = 7
+    logits = mx.zeros((8,))
+    for rule in (ToolRule("free", OPEN, single_close=CLOSE), ToolRule("required", OPEN, (END,), single_close=CLOSE)):
+        assert rule.apply(logits, [OPEN, 0, CLOSE])[OPEN].item() == float("-inf")
+        assert rule.apply(logits, [OPEN, 0])[OPEN].item() == 0.0  # inside the first call
+    assert ToolRule("free", OPEN, single_close=CLOSE).apply(logits, [CLOSE, 0])[OPEN].item() == 0.0  # no call yet
+    assert ToolRule("free", OPEN).apply(logits, [OPEN, 0, CLOSE])[OPEN].item() == 0.0  # parallel calls allowed
+
+
+def test_mtp_greedy_equals_ar_greedy_with_parallel_calls_off(engine, tokenizer):
+    """Nudged to call again and again (the opening token favoured, ending the turn banned), the
+    model makes several calls; with parallel calls off it makes one, MTP and AR alike."""
+    from mtplx.server.tool_choice import ToolChoice, ToolRules
+
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    prompt = tuple(render(tokenizer, [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Read core/billing/mac_turkish.py and tests/test_mac_turkish.py"}],
+                          tools, enable_thinking=False))
+    rules = ToolRules(tokenizer, engine.eos_ids)
+    nudge = tuple(sorted([(rules.open, 3.0)] + [(e, -100.0) for e in engine.eos_ids]))
+    run = lambda rule, mtp: engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=120, logit_bias=nudge),
+                                                            use_mtp=mtp, depth=3, tool_rule=rule)).result()
+    once = rules.rule(ToolChoice("auto", parallel=False), False)
+    assert once.mode == "free" and once.single_close == rules.close
+    ar, mtp = run(once, False), run(once, True)
+    assert ar.token_ids == mtp.token_ids and mtp.stats.verify_calls > 0
+    assert ar.token_ids.count(rules.open) == 1
+    if engine.checkpoint.path.name == "tiny-dense":  # free, it calls again: the rule did bite
+        assert run(None, False).token_ids.count(rules.open) >= 2
+
+
 def test_rule_modes_are_checked():
     with pytest.raises(ValueError):
         ToolRule("sometimes", OPEN)

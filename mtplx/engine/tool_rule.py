@@ -7,11 +7,15 @@ autoregressive picks, MTP drafts and every row of a verify — so MTP under a ru
 the autoregressive result under that rule.
 
 - "never": the opening token cannot be sampled (no tools, or tool_choice none).
+- "free": any reply, except as `single_close` says (below).
 - "required": until a call has been opened, the probability of ending the turn moves onto the
   opening token; reasoning stays free, but once the visible reply starts (after the reasoning's
   closing token, or at once without reasoning) only blank tokens may come first and then the
   opening token is forced (the model calls a tool instead of answering); once opened, a named
   tool's call head is forced token by token.
+
+With `single_close` (the call-closing token; parallel tool calls off), once a call has closed the
+opening token cannot be sampled again: one call a reply, then the model ends or writes text.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Sequence
 
 import mlx.core as mx
 
-MODES = ("never", "required")
+MODES = ("never", "free", "required")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class ToolRule:
     think: tuple[int, int] | None = None  # the reasoning open/close tokens, when the template has them
     starts_in_reasoning: bool = False  # the prompt ends inside an open reasoning block
     blank: tuple[int, ...] = ()  # whitespace-only tokens allowed before a forced call
+    single_close: int | None = None  # the call-closing token, when only one call may be made
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -51,6 +56,10 @@ class ToolRule:
         if self.mode == "never":
             return _set(logits, [self.call_open], -mx.inf)
         opened = _index(history, self.call_open)
+        if self.single_close is not None and opened is not None and self.single_close in list(history)[opened:]:
+            return _set(logits, [self.call_open], -mx.inf)  # one call made: no second one
+        if self.mode == "free":
+            return logits
         if opened is None:
             ends = [e for e in self.end_ids if e != self.call_open]
             if not ends:

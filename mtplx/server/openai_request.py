@@ -273,7 +273,8 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     if _flag(body, "continue_final_message"):  # vLLM's extension: the reply continues the last assistant turn
         messages, start, thinking = prefill.split(messages, thinking)
     return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
-                    bool(options.get("include_usage")), thinking, from_openai(body.get("tool_choice"), tools),
+                    bool(options.get("include_usage")), thinking,
+                    from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")),
                     output_format.from_openai(body.get("response_format")), prefill=start)
 
 

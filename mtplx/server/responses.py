@@ -148,7 +148,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     thinking = False if effort in ("none", "minimal") else None
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
-                    from_openai(body.get("tool_choice"), tools), schema)
+                    from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")), schema)
 
 
 def usage(fin: Finished) -> dict:
@@ -189,7 +189,8 @@ class ResponseStream:
     def response(self, status: str, fin: Finished | None = None) -> dict:
         out = {"id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
                "output": self.output if status != "in_progress" else [], "error": None, "incomplete_details": None,
-               "previous_response_id": self.body.get("previous_response_id"), "parallel_tool_calls": False,
+               "previous_response_id": self.body.get("previous_response_id"),
+               "parallel_tool_calls": self.body.get("parallel_tool_calls") is not False,
                "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
                "store": self.body.get("store") is not False, "usage": usage(fin) if fin else None}
         if fin is not None and fin.finish_reason == "length":

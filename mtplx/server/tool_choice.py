@@ -9,7 +9,7 @@ change with the choice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mtplx.engine.tool_rule import ToolRule
 from mtplx.server.api_error import bad_request
@@ -22,6 +22,15 @@ OPEN_TAG = "<tool_call>"
 class ToolChoice:
     mode: str = "auto"  # "auto", "none", "required"
     name: str | None = None  # a specific tool ("required" only)
+    parallel: bool = True  # more than one call in a reply (OpenAI parallel_tool_calls, Anthropic disable_parallel_tool_use)
+
+
+def _parallel(value, param: str, invert: bool = False) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise bad_request(f"{param} must be a boolean", param)
+    return value != invert
 
 
 def _named(name, tools: list[dict] | None, param: str) -> ToolChoice:
@@ -31,9 +40,11 @@ def _named(name, tools: list[dict] | None, param: str) -> ToolChoice:
     return ToolChoice("required", name)
 
 
-def from_openai(raw, tools: list[dict] | None) -> ToolChoice:
+def from_openai(raw, tools: list[dict] | None, parallel=None) -> ToolChoice:
+    """`parallel`: the request's parallel_tool_calls (None: absent, so allowed)."""
+    parallel = _parallel(parallel, "parallel_tool_calls")
     if raw in (None, "auto"):
-        return ToolChoice("auto" if tools else "none")
+        return ToolChoice("auto" if tools else "none", parallel=parallel)
     if raw == "none":
         return ToolChoice("none")
     if raw == "required":
@@ -44,7 +55,7 @@ def from_openai(raw, tools: list[dict] | None) -> ToolChoice:
         raise bad_request(f"tool_choice {raw!r} is not one of auto, none, required or a function", "tool_choice")
     if not tools:
         raise bad_request("tool_choice asks for a tool call but the request has no tools", "tool_choice")
-    return choice
+    return replace(choice, parallel=parallel)
 
 
 def from_anthropic(raw, tools: list[dict] | None) -> ToolChoice:
@@ -57,11 +68,12 @@ def from_anthropic(raw, tools: list[dict] | None) -> ToolChoice:
         return ToolChoice("none")
     if not tools:
         raise bad_request("tool_choice asks for a tool call but the request has no tools", "tool_choice")
+    parallel = _parallel(raw.get("disable_parallel_tool_use"), "tool_choice.disable_parallel_tool_use", invert=True)
     if kind == "any":
-        return ToolChoice("required")
+        return ToolChoice("required", parallel=parallel)
     if kind == "tool":
-        return _named(raw.get("name"), tools, "tool_choice.name")
-    return ToolChoice("auto")
+        return replace(_named(raw.get("name"), tools, "tool_choice.name"), parallel=parallel)
+    return ToolChoice("auto", parallel=parallel)
 
 
 class ToolRules:
@@ -75,6 +87,9 @@ class ToolRules:
         self.tokenizer, self.eos_ids = tokenizer, tuple(sorted(eos_ids))
         self.format = tool_format or TAGGED
         self.open = token_id(tokenizer, self.format.start or OPEN_TAG)
+        # One call only (parallel calls off) needs a call's end as one token; a format without one
+        # runs free of that rule (its calls are still parsed, every one of them).
+        self.close = token_id(tokenizer, self.format.end) if self.format.end else None
         think = (token_id(tokenizer, "<think>"), token_id(tokenizer, "</think>"))
         self.think = think if None not in think else None
         self._blank = None
@@ -87,15 +102,19 @@ class ToolRules:
         return self._blank
 
     def rule(self, choice: ToolChoice, starts_in_reasoning: bool) -> ToolRule | None:
-        """None when the model is free (auto), or has no single tool-call token to steer."""
-        if self.open is None or choice.mode == "auto":
+        """None when the model is free (auto, parallel calls allowed), or has no single tool-call
+        token to steer."""
+        if self.open is None or (choice.mode == "auto" and choice.parallel):
             return None
         if choice.mode == "none":
             return ToolRule("never", self.open)
+        once = None if choice.parallel else self.close
+        if choice.mode == "auto":
+            return ToolRule("free", self.open, single_close=once) if once is not None else None
         head = ()
         text = self.format.call_head(choice.name) if choice.name else None
         if text:
             # In the model's own format (JSON up to the arguments' colon: the space and opening
             # brace are one token in its calls; XML up to the function tag's line).
             head = tuple(self.tokenizer.encode(text, add_special_tokens=False))
-        return ToolRule("required", self.open, self.eos_ids, head, self.think, starts_in_reasoning, self.blank)
+        return ToolRule("required", self.open, self.eos_ids, head, self.think, starts_in_reasoning, self.blank, once)
