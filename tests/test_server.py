@@ -426,3 +426,17 @@ def test_openai_routes_answer_without_the_v1_prefix(server):
     reply = bare.chat.completions.create(model="tiny-dense", messages=ask("hi"), max_tokens=2)
     assert reply.choices[0].finish_reason in ("length", "stop")
     assert httpx.post(server[0] + "/completions", json={"model": "tiny-dense", "prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_an_api_key_is_asked_of_every_route_but_health(server):
+    """--api-key: OpenAI clients send it as a bearer token, Anthropic's as x-api-key; a wrong or
+    missing key is a 401 in the error shape, and /health stays open for supervisors."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(server[1], "tiny-dense", api_key="sekret")) as app:
+        assert app.get("/health").status_code == 200
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "sekr"}, {"authorization": "sekret"}):
+            r = app.get("/v1/models", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", headers
+        assert app.get("/v1/models", headers={"authorization": "Bearer sekret"}).status_code == 200
+        assert app.get("/v1/models", headers={"x-api-key": "sekret"}).status_code == 200

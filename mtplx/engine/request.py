@@ -28,6 +28,7 @@ class GenerationRequest:
     raw: str | None = None  # the request as the client sent it (kept in the receipt)
     tool_rule: ToolRule | None = None  # may / must the reply call a tool (None: free)
     output_rule: object | None = None  # the reply held to a JSON schema (engine/output_rule.OutputRule)
+    reasoning_rule: object | None = None  # the reasoning capped (engine/reasoning_budget.ReasoningBudget)
 
     def __post_init__(self):
         if not self.prompt:

@@ -164,7 +164,8 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
         messages, start, thinking = prefill.split(messages, thinking)
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
                     thinking, from_anthropic(body.get("tool_choice"), tools),
-                    output_format.from_anthropic(body.get("output_config")), prefill=start)
+                    output_format.from_anthropic(body.get("output_config")), prefill=start,
+                    reasoning_budget=budget_of(body.get("thinking")))
 
 
 def with_format(messages: list[dict], config) -> list[dict]:
@@ -193,6 +194,16 @@ def thinking_flag(thinking) -> bool | None:
     if kind not in ("enabled", "adaptive", "disabled"):
         raise bad_request("thinking.type must be 'enabled', 'adaptive' or 'disabled'", "thinking.type")
     return {"enabled": True, "disabled": False}.get(kind)
+
+
+def budget_of(thinking) -> int | None:
+    """`thinking.budget_tokens` of an enabled block: the reasoning is closed after that many tokens."""
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled" or thinking.get("budget_tokens") is None:
+        return None
+    budget = thinking["budget_tokens"]
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise bad_request(f"thinking.budget_tokens must be a positive integer, got {budget!r}", "thinking.budget_tokens")
+    return budget
 
 
 def error_body(status: int, message: str, kind: str | None = None) -> dict:

@@ -8,6 +8,7 @@ are parsed by hand so every invalid one becomes our own 400 (never a 422).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -388,7 +389,8 @@ class Guard:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             auth = headers.get("authorization", "")
             given = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key")
-            if given != self.api_key:
+            # compared in constant time: how long a wrong key takes must not tell how much of it was right
+            if given is None or not hmac.compare_digest(given.encode("latin-1"), self.api_key.encode("utf-8")):
                 body = ApiError(401, "missing or wrong API key", None, "authentication_error").body()
                 await JSONResponse(body, status_code=401)(scope, receive, send)
                 self.metrics.request(path, 401)

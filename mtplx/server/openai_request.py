@@ -35,6 +35,7 @@ class ChatCall:
     schema: dict | None = None  # the reply held to this JSON schema (server/output_format.py)
     grammar: object = None  # the schema compiled for the model's tokenizer, when the call is encoded
     prefill: str | None = None  # the reply continues this text (server/prefill.py); not in `messages`
+    reasoning_budget: int | None = None  # reasoning tokens allowed before it is closed (Anthropic's budget_tokens)
 
 
 def _reject_constant(name: str):

@@ -94,12 +94,13 @@ def rule_for(call, rules, tokenizer, starts_in_reasoning: bool):
     from mtplx.engine.output_rule import OutputRule
 
     may_call = bool(call.tools) and call.tool_choice.mode != "none" and rules is not None
-    think = rules.think if rules is not None else _think(tokenizer)
+    think = rules.think if rules is not None else think_tokens(tokenizer)
     return OutputRule(call.grammar, think=think, starts_in_reasoning=starts_in_reasoning,
                       call_open=rules.open if may_call else None)
 
 
-def _think(tokenizer) -> tuple[int, int] | None:
+def think_tokens(tokenizer) -> tuple[int, int] | None:
+    """The reasoning block's open and close token ids, or None when the tokenizer has none."""
     from mtplx.server.tool_choice import token_id
 
     pair = (token_id(tokenizer, "<think>"), token_id(tokenizer, "</think>"))

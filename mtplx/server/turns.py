@@ -131,13 +131,14 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
     reasoning = starts_in_reasoning(tokenizer, prompt)
     rule = rules.rule(call.tool_choice, reasoning) if rules and call.messages else None
     output_rule = output_format.rule_for(call, rules, tokenizer, reasoning)
+    reasoning_rule = _budget(call, tokenizer, reasoning)
     try:
         text = raw.decode("utf-8", "replace") if raw else None
         if call.messages:
             request = chat_request(engine.checkpoint.tokenizer, call.messages, call.tools, sampling=budget.sampling,
                                    enable_thinking=call.enable_thinking, prompt=prompt, prefill=call.prefill,
                                    session=session, source=source,
-                                   tool_rule=rule, output_rule=output_rule, raw=text)
+                                   tool_rule=rule, output_rule=output_rule, reasoning_rule=reasoning_rule, raw=text)
         else:  # a text completion: a prompt, no chat
             request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text,
                                         output_rule=output_rule)
@@ -181,6 +182,19 @@ async def events(submission) -> AsyncIterator[EngineEvent]:
     finally:
         submission.waker = None
         submission.cancel()
+
+
+def _budget(call: ChatCall, tokenizer, reasoning: bool):
+    """The call's reasoning budget as a rule; None without one, or for a model with no reasoning
+    block tokens (it has no reasoning to cap)."""
+    if call.reasoning_budget is None:
+        return None
+    think = output_format.think_tokens(tokenizer)
+    if think is None:
+        return None
+    from mtplx.engine.reasoning_budget import ReasoningBudget
+
+    return ReasoningBudget(call.reasoning_budget, think, reasoning)
 
 
 def starts_in_reasoning(tokenizer, prompt: list[int]) -> bool:
