@@ -59,12 +59,17 @@ def chat_request(tokenizer, messages: list[dict], tools: list[dict] | None = Non
 
     if prompt is None:
         prompt = render(tokenizer, messages, tools, enable_thinking=enable_thinking)
-        if prefill:
-            prompt = prompt + tokenizer.encode(prefill, add_special_tokens=False)
+        prompt = with_prefill(tokenizer, prompt, prefill)
     chat = {"messages": list(messages), "tools": tools, "enable_thinking": enable_thinking}
     if prefill is not None:
         chat["prefill"] = prefill
     return GenerationRequest(tuple(prompt), sampling or SamplingParams(), chat=chat, **fields)
+
+
+def with_prefill(tokenizer, head: list[int], text: str | None) -> list[int]:
+    """A rendered conversation, then the prefill's own tokens (encoded alone, so the head stays
+    exactly the prefix every other turn of the conversation renders)."""
+    return list(head) + list(tokenizer.encode(text, add_special_tokens=False)) if text else list(head)
 
 
 def sent_back(tokenizer, chat: dict | None, reply: dict, ids, prompt) -> tuple[dict, list[int]]:

@@ -3,7 +3,7 @@ assistant message is where Claude's reply starts), and vLLM's `continue_final_me
 
 The conversation before it is rendered as for any turn, with the generation prompt and reasoning
 off (the prefill is the answer itself, so no reasoning block may come before it), and the prefill's
-tokens follow. So the rendered part is the same prefix a normal turn of that conversation has,
+tokens follow (`chat.with_prefill`). So the rendered part is the same prefix a normal turn of that conversation has,
 and the session bank restores it. The reply the client gets is only what comes after the prefill,
 as Anthropic answers.
 """
@@ -31,8 +31,3 @@ def split(messages: list[dict], thinking: bool | None, param: str = "messages") 
     content = last.get("content")
     return messages[:-1], content if isinstance(content, str) else "", False
 
-
-def tokens(tokenizer, head: list[int], text: str) -> list[int]:
-    """The rendered conversation, then the prefill's own tokens (encoded alone, so the head stays
-    exactly the prefix every other turn of the conversation renders)."""
-    return list(head) + list(tokenizer.encode(text, add_special_tokens=False)) if text else list(head)

@@ -14,11 +14,11 @@ import json
 import queue
 from typing import AsyncIterator
 
-from mtplx.chat import chat_request, render
+from mtplx.chat import chat_request, render, with_prefill
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
 from mtplx.events import TERMINAL, EngineEvent
-from mtplx.server import output_format, prefill
+from mtplx.server import output_format
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.context import fit
 from mtplx.server.encode_cache import EncodeCache
@@ -77,8 +77,7 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -
             call.messages[:] = hit[1]["messages"]
         return hit[0]
     tokens, extra = _render(engine, call)
-    if call.prefill is not None:
-        tokens = prefill.tokens(engine.checkpoint.tokenizer, tokens, call.prefill)
+    tokens = with_prefill(engine.checkpoint.tokenizer, tokens, call.prefill)
     cache.put(key, tokens, extra)
     return tokens
 
