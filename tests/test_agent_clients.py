@@ -279,7 +279,7 @@ def test_a_kept_response_is_retrieved_and_deleted_and_store_false_keeps_nothing(
     400, never run in the foreground as if it were honoured."""
     import openai
 
-    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
     made = client.responses.create(model="m", input="hi", max_output_tokens=6, temperature=0)
     got = client.responses.retrieve(made.id)
     assert got.id == made.id and got.output_text == made.output_text and got.usage.output_tokens == 6 and got.store

@@ -153,7 +153,10 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
 
 def usage(fin: Finished) -> dict:
     reasoning = fin.stats.tokens_by_segment.get("reasoning", 0)
-    return {"input_tokens": fin.prompt_tokens, "input_tokens_details": {"cached_tokens": fin.cached_tokens},
+    # cache_write_tokens: the OpenAI SDK requires it; nothing is billed for a write here (as
+    # Anthropic's cache_creation_input_tokens is 0), so 0.
+    return {"input_tokens": fin.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": fin.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": fin.prompt_tokens + fin.completion_tokens}
 
