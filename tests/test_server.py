@@ -180,6 +180,7 @@ BAD = [b"{not json", b"[]", b'"x"', b"42", b"null", b'{"messages": "hi"}', b'{"m
        b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": '
        b'{"name": "f", "parameters": "none"}}]}',
        b'{"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}',
+       b'{"messages": [{"role": "user", "content": "x"}], "web_search_options": {}}',
        b'{"a": ' * 50_000 + b"1" + b"}" * 50_000,  # past the parser's recursion limit
        b'{"messages": [{"role": "user", "content": "x"}], "x": ' + b"[" * 200 + b"]" * 200 + b"}"]
 
@@ -209,6 +210,9 @@ def test_more_bad_input_and_routes(server, client):
     schema = httpx.post(url + "/v1/messages", json={"max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
                                                     "tools": [{"name": "f", "input_schema": "x"}]})
     assert schema.status_code == 400 and "input_schema" in schema.json()["error"]["message"]
+    mcp = httpx.post(url + "/v1/messages", json={"max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
+                                                 "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]})
+    assert mcp.status_code == 400 and "mcp_servers" in mcp.json()["error"]["message"]
     for bad in ({"tools": [{"type": "function", "name": "f", "parameters": [1]}]}, {"max_output_tokens": 0}):
         r = httpx.post(url + "/v1/responses", json={"input": "x", **bad})
         assert r.status_code == 400 and r.json()["error"]["param"] in ("tools[0].parameters", "max_output_tokens"), r.text

@@ -154,6 +154,9 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
                         signer: Signer | None = None) -> ChatCall:
     if require_max_tokens and "max_tokens" not in body:
         raise bad_request("max_tokens is required", "max_tokens")
+    if body.get("mcp_servers"):  # remote tools the API itself would call: a model here never could
+        raise bad_request("mcp_servers (the MCP connector) is not supported by this server; run the MCP server in "
+                          "the client and describe its tools in `tools`", "mcp_servers")
     messages, tools = with_format(to_messages(body, signer), body.get("output_config")), to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("max_tokens", "temperature", "top_p", "top_k") if k in body}
     if "stop_sequences" in body:

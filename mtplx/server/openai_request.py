@@ -191,6 +191,8 @@ def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -
     for key, what in UNSUPPORTED.items():
         if body.get(key) not in (None, False, {}, {"type": "text"}):
             raise bad_request(f"{what} is not supported by this server", key)
+    if body.get("web_search_options") is not None:  # even {} asks for a search this server cannot make
+        raise bad_request("web_search_options (web search) is not supported by this server", "web_search_options")
     if _number(body, "n", int, 1) != 1:
         raise bad_request("n must be 1", "n")
     # A large max_tokens is a client default, capped to the window once the prompt is known
