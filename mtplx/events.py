@@ -117,6 +117,8 @@ class RequestStats:
     acceptance_by_depth: tuple[float | None, ...] = ()
     decode_tps: float | None = None
     prefill_tps: float | None = None
+    predicted_drafted: int = 0  # predicted-output tokens verified (OpenAI `prediction`)
+    predicted_accepted: int = 0  # ... and kept
 
     @classmethod
     def from_dict(cls, data: dict) -> "RequestStats":

@@ -211,7 +211,7 @@ def _arrays(layer) -> list:
 def can_batch(gen: Generation) -> bool:
     """Whether a sequence may share a batch: plain attention / recurrent caches, and, for MTP,
     recurrent layers that capture per-position states (a replayed rollback is per sequence)."""
-    if not batch_cache.batchable(gen.state.trunk):
+    if not batch_cache.batchable(gen.state.trunk) or gen.request.prediction:  # predicted rounds run alone
         return False
     if gen.speculator is not None:
         return (gen.runner.can_capture or not gen.runner.has_recurrent) and type(gen.state.mtp) is KVCache

@@ -21,6 +21,7 @@ from mtplx.engine.rule_set import rules_of
 from mtplx.engine.runner import ModelRunner
 from mtplx.engine.sampling import Sampler, apply_penalties
 from mtplx.engine.segments import SegmentTracker
+from mtplx.engine.prediction import DEPTH as PREDICTED_DEPTH, Prediction
 from mtplx.engine.speculation import Speculator
 from mtplx.engine.stats import GenerationStats
 from mtplx.engine.text_stream import TextStream
@@ -250,8 +251,9 @@ class Generation:
             self._t0 += self.stats.mtp_prefill_s
         if self.use_mtp:
             pending = hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
+            predicted = Prediction(self.request.prediction) if self.request.prediction else None
             self.speculator = Speculator(self.runner, self.sampler, self.state, pending, tokens, self.stats,
-                                         self.eos_ids, self.shape, self.mask)
+                                         self.eos_ids, self.shape, self.mask, predicted, self.generated)
         self.last = tokens[-1]
 
     def _emit_shown(self, tokens: list[int]):
@@ -269,12 +271,20 @@ class Generation:
     def step(self) -> Iterator:
         """One decode step of this sequence alone: an MTP round or one AR token."""
         if self.speculator is not None:
-            yield from self.take_round(*self.speculator.round(self.draft_budget()))
+            room = max(1, self.params.max_tokens - len(self.generated) - 1)  # for a predicted round
+            yield from self.take_round(*self.speculator.round(self.draft_budget(), min(room, PREDICTED_DEPTH)))
         else:
             yield from self.take_tokens([self._ar_step(self.last)[0]])
 
     def take_round(self, new: list[int], drafts: list[int], accepted: int) -> Iterator:
         """The events of one verify round (alone or as one row of a batch)."""
+        if self.speculator.predicted:  # counted apart: acceptance by depth is the MTP head's
+            self.picked_logprobs = list(self.speculator.last_logprobs)
+            self.stats.verify_calls += 1
+            self.stats.predicted_drafted += len(drafts)
+            self.stats.predicted_accepted += accepted
+            yield from self.take_tokens(new)
+            return
         segments = self._segments_of(drafts)
         self.picked_logprobs = list(self.speculator.last_logprobs)  # each kept token's, from its verify row
         yield DraftVerified(self.request.request_id, len(drafts), accepted, segments[0])

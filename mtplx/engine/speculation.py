@@ -1,4 +1,6 @@
 """MTP self-speculation: draft k tokens with the MTP head, verify them in one trunk forward.
+Where a request gives a predicted output and the reply follows it, the prediction's tokens are the
+drafts instead (engine/prediction.py), up to 16 a verify.
 
 Acceptance is exact. At temperature 0 a draft is kept when it equals the trunk's argmax (and the
 drafts themselves are greedy: speed only, output unchanged). Above 0, draft d drawn from q is
@@ -60,6 +62,12 @@ def draw_draft(runner: ModelRunner, logits: mx.array, sampler: Sampler, whole: b
     return token, mx.zeros((runner.vocab_rows,), dtype=q.dtype).at[runner.draft_ids].add(q)
 
 
+def _one_hot(token: int, rows: int) -> mx.array:
+    """A predicted draft's q: all its mass on the token, so it is kept with probability p(token)
+    and a rejection draws from p without it (accept_drafts), exactly the trunk's distribution."""
+    return mx.zeros((rows,), dtype=mx.float32).at[token].add(1.0)
+
+
 def greedy_kept(drafts: list[int], targets: list[int]) -> int:
     """How many leading drafts equal the trunk's argmax at their position."""
     kept = 0
@@ -70,9 +78,12 @@ def greedy_kept(drafts: list[int], targets: list[int]) -> int:
 
 class Speculator:
     def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int | list[int],
-                 stats: GenerationStats, eos_ids: set[int] = frozenset(), shape=None, mask=None):
+                 stats: GenerationStats, eos_ids: set[int] = frozenset(), shape=None, mask=None,
+                 prediction=None, reply: list[int] | None = None):
         """`last_hidden`: the trunk's hidden before each token of `first` (one token, or the first
-        few sampled by plain steps), whose pairs the MTP head has not yet seen."""
+        few sampled by plain steps), whose pairs the MTP head has not yet seen. `prediction`
+        (engine/prediction.Prediction) drafts where `reply` (the tokens generated so far, a live
+        list) follows it."""
         self.runner, self.sampler, self.state, self.stats = runner, sampler, state, stats
         # shape(logits, drafted): one position's logits under the request's tool rule. Drafts and
         # every verify row go through the same transform as an autoregressive pick, so the kept
@@ -90,6 +101,8 @@ class Speculator:
         self.pending_tokens = first
         self.last = first[-1]  # generated, not yet fed to the trunk
         self.last_logprobs: list = []  # the last round's kept tokens' entries, when the request asks
+        self.prediction, self.reply = prediction, reply
+        self.predicted = False  # whether the last round's drafts came from the prediction
 
     def _draft(self, k: int) -> tuple[list[int], list]:
         """k drafts, each read on the host (a tool rule or sampling needs the tokens as ints)."""
@@ -139,19 +152,27 @@ class Speculator:
 
         return of_rows(rows, tokens, self.params.logprobs, self.runner.checkpoint.tokenizer)
 
-    def round(self, k: int) -> tuple[list[int], list[int], int]:
-        """One draft+verify round. Returns (new tokens, drafts, drafts accepted)."""
+    def round(self, k: int, room: int | None = None) -> tuple[list[int], list[int], int]:
+        """One draft+verify round. Returns (new tokens, drafts, drafts accepted). `room`: how many
+        tokens a round may draft from a prediction (default k)."""
+        predicted = self.prediction.drafts(self.reply, room or k) if self.prediction is not None else []
+        self.predicted = len(predicted) > 1  # one predicted token is no better than an MTP draft
         with self.runner.small_forwards():
+            if self.predicted:
+                return self._round(len(predicted), predicted)
             return self._round(k)
 
-    def _round(self, k: int) -> tuple[list[int], list[int], int]:
+    def _round(self, k: int, predicted: list[int] | None = None) -> tuple[list[int], list[int], int]:
         state, runner = self.state, self.runner
         # Greedy drafts without a tool rule never need the host until the verify is done.
-        lazy = self.params.greedy and self.shape is None
+        lazy = self.params.greedy and self.shape is None and predicted is None
         t0 = time.perf_counter()
         if lazy:
             pending = self._lazy_drafts(k)
             fed_ids = mx.concatenate([mx.array([self.last], dtype=pending.dtype), pending])
+        elif predicted is not None:  # the MTP head is not run: a draft q is the prediction itself
+            drafts, dists = predicted, None  # (q, one-hot, made once the logits' width is known)
+            fed_ids = [self.last] + drafts
         else:
             drafts, dists = self._draft(k)
             fed_ids = [self.last] + drafts
@@ -171,6 +192,8 @@ class Speculator:
         else:
             if self.shape is not None:
                 logits = mx.stack([self.shape(logits[i], drafts[:i]) for i in range(k + 1)])
+            if dists is None:
+                dists = [None if self.params.greedy else _one_hot(d, logits.shape[-1]) for d in drafts]
             mx.eval(logits)
             t2 = time.perf_counter()
             accepted, extra = accept_drafts(logits, drafts, dists, self.sampler)
@@ -188,11 +211,16 @@ class Speculator:
             cache_state.rewind(state.trunk, saved, len(fed))
             hidden = runner.hidden(fed[:kept], state.trunk)
         cache_state.set_capture(state.trunk, False)
-        state.mtp.trim(k - 1)  # drop the speculative MTP entries of draft steps 2..k
         state.tokens.extend(fed[:kept])
         state.length += kept
-        self.pending_hidden = hidden[:, :kept, :]
-        self.pending_tokens = drafts[:accepted] + [extra]
+        if predicted is None:
+            state.mtp.trim(k - 1)  # drop the speculative MTP entries of draft steps 2..k
+            self.pending_hidden = hidden[:, :kept, :]
+            self.pending_tokens = drafts[:accepted] + [extra]
+        else:  # the head saw nothing this round: its pairs wait for the next MTP draft
+            self.pending_hidden = mx.concatenate([self.pending_hidden, hidden[:, :kept, :]], axis=1)
+            self.pending_tokens = self.pending_tokens + drafts[:accepted] + [extra]
+            self.prediction.verified(len(drafts), accepted)
         self.last = extra
         # In a lazy round draft_s is building the chain; its compute lands in verify_s.
         self.stats.draft_s += t1 - t0

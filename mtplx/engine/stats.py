@@ -29,6 +29,8 @@ class GenerationStats:
     sample_s: float = 0.0
     decode_s: float = 0.0
     ttft_s: float | None = None
+    predicted_drafted: int = 0  # predicted-output tokens verified (engine/prediction.py)
+    predicted_accepted: int = 0  # ... and kept
 
     def __post_init__(self):
         if not self.drafted_by_depth:
@@ -50,7 +52,7 @@ class GenerationStats:
         """Tokens produced per verify forward (accepted drafts + the one the verify samples)."""
         if not self.verify_calls:
             return None
-        return (sum(self.accepted_by_depth) + self.verify_calls) / self.verify_calls
+        return (sum(self.accepted_by_depth) + self.predicted_accepted + self.verify_calls) / self.verify_calls
 
     @property
     def acceptance_by_depth(self) -> list[float | None]:

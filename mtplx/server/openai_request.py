@@ -36,6 +36,8 @@ class ChatCall:
     grammar: object = None  # the schema compiled for the model's tokenizer, when the call is encoded
     prefill: str | None = None  # the reply continues this text (server/prefill.py); not in `messages`
     reasoning_budget: int | None = None  # reasoning tokens allowed before it is closed (Anthropic's budget_tokens)
+    prediction: str | None = None  # the predicted output's text (engine/prediction.py: drafts, never output)
+    prediction_ids: tuple[int, ...] = ()  # ... as token ids, when the call is encoded
 
 
 def _reject_constant(name: str):
@@ -278,7 +280,17 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
                     bool(options.get("include_usage")), thinking,
                     from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")),
-                    output_format.from_openai(body.get("response_format")), prefill=start)
+                    output_format.from_openai(body.get("response_format")), prefill=start,
+                    prediction=_prediction(body.get("prediction")))
+
+
+def _prediction(value) -> str | None:
+    """OpenAI's predicted output: {"type": "content", "content": text or text parts}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") != "content":
+        raise bad_request("prediction must be {\"type\": \"content\", \"content\": ...}", "prediction")
+    return message_text(value.get("content"), "prediction.content") or None
 
 
 def _flag(body: dict, name: str) -> bool:

@@ -15,7 +15,13 @@ def usage(fin: Finished) -> dict:
     return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
             "total_tokens": fin.prompt_tokens + fin.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+            "completion_tokens_details": {"reasoning_tokens": reasoning, **prediction_usage(fin)}}
+
+
+def prediction_usage(fin: Finished) -> dict:
+    """With a predicted output: its tokens a verify kept, and those it turned down (OpenAI's names)."""
+    drafted, kept = fin.stats.predicted_drafted, fin.stats.predicted_accepted
+    return {"accepted_prediction_tokens": kept, "rejected_prediction_tokens": drafted - kept} if drafted else {}
 
 
 def token_logprobs(entries) -> list[dict]:

@@ -70,6 +70,8 @@ def _body_session(body: dict) -> str | None:
 
 def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -> list[int]:
     output_format.compile_call(engine, call)
+    if call.prediction:  # the ids the reply would have where it repeats the predicted output
+        call.prediction_ids = tuple(engine.checkpoint.tokenizer.encode(call.prediction, add_special_tokens=False))
     key = cache.key(route, raw)
     hit = cache.get(key)
     if hit is not None:
@@ -137,7 +139,8 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
             request = chat_request(engine.checkpoint.tokenizer, call.messages, call.tools, sampling=budget.sampling,
                                    enable_thinking=call.enable_thinking, prompt=prompt, prefill=call.prefill,
                                    session=session, source=source,
-                                   tool_rule=rule, output_rule=output_rule, reasoning_rule=reasoning_rule, raw=text)
+                                   tool_rule=rule, output_rule=output_rule, reasoning_rule=reasoning_rule, raw=text,
+                                   prediction=call.prediction_ids)
         else:  # a text completion: a prompt, no chat
             request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text,
                                         output_rule=output_rule)
