@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from mtplx.engine.prediction import DEPTH, Prediction, rejoin
+from mtplx.engine.prediction import DEPTH, Prediction
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
 
@@ -18,8 +18,9 @@ def test_the_reply_is_followed_along_the_prediction_and_rejoins_it_after_an_edit
     assert p.drafts([100, 101, 102, 7, 8], 4) == []  # an edit: off the prediction
     assert p.drafts([100, 101, 102, 7, 8, 106, 107, 108], 2) == [109, 110]  # rejoined past the edit
     assert len(p.drafts([100, 101, 102, 7, 8, 106, 107, 108], 99)) == DEPTH
-    assert rejoin((1, 2, 3, 9, 1, 2, 3, 8), [1, 2, 3], after=4) == 7  # the match ahead of the reply
-    assert rejoin((1, 2, 3, 9), [5, 1, 2], after=0) is None and rejoin((1, 2), [1], after=0) is None
+    twice = Prediction((1, 2, 3, 9, 1, 2, 3, 8))
+    assert twice._rejoin([1, 2, 3], after=4) == 7 and twice._rejoin([1, 2, 3], after=8) == 3  # ahead, else first
+    assert twice._rejoin([5, 1, 2], after=0) is None and twice._rejoin([1], after=0) is None
 
 
 def _long_reply(engine, tokenizer, prediction=(), mtp=True, **sampling):

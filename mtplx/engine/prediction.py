@@ -10,6 +10,7 @@ and drafting resumes where the reply rejoins. Until then MTP drafts, as without 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Sequence
 
 DEPTH = 16  # predicted tokens one verify may take
@@ -22,6 +23,7 @@ class Prediction:
         self.at: int | None = 0  # where in the prediction the reply's next token should be
         self.seen = 0  # reply tokens accounted for by `at`
         self.accepted = self.rejected = 0  # predicted tokens a verify kept / turned down
+        self._where: dict[tuple[int, ...], list[int]] | None = None  # each NGRAM's ends, built once
 
     def drafts(self, reply: Sequence[int], limit: int) -> list[int]:
         """Up to `limit` tokens the prediction says come after `reply` (none when the reply is
@@ -31,7 +33,7 @@ class Prediction:
         if self.at is not None and tuple(new) == self.ids[self.at:self.at + len(new)]:
             self.at += len(new)
         else:
-            self.at = rejoin(self.ids, reply, self.at or 0)
+            self.at = self._rejoin(reply, self.at or 0)
         if self.at is None:
             return []
         return list(self.ids[self.at:self.at + min(limit, DEPTH)])
@@ -40,15 +42,18 @@ class Prediction:
         self.accepted += kept
         self.rejected += drafted - kept
 
-
-def rejoin(ids: tuple[int, ...], reply: Sequence[int], after: int) -> int | None:
-    """Where the prediction continues the reply's last NGRAM tokens: the first match at or after
-    `after` (the reply moves forward through the prediction), else the first anywhere; None when
-    they are not in it."""
-    if len(reply) < NGRAM:
-        return None
-    tail = tuple(reply[-NGRAM:])
-    found = [i + NGRAM for i in range(len(ids) - NGRAM + 1) if ids[i:i + NGRAM] == tail]
-    if not found:
-        return None
-    return next((i for i in found if i >= after), found[0])
+    def _rejoin(self, reply: Sequence[int], after: int) -> int | None:
+        """Where the prediction continues the reply's last NGRAM tokens: the first match at or
+        after `after` (the reply moves forward through the prediction), else the first anywhere;
+        None when they are not in it. An index of the prediction's n-grams, built on the first
+        miss, keeps each lookup constant-time however long the prediction (a whole file)."""
+        if len(reply) < NGRAM:
+            return None
+        if self._where is None:
+            self._where = {}
+            for i in range(len(self.ids) - NGRAM + 1):
+                self._where.setdefault(self.ids[i:i + NGRAM], []).append(i + NGRAM)
+        found = self._where.get(tuple(reply[-NGRAM:]))
+        if not found:
+            return None
+        return found[bisect_left(found, after)] if found[-1] >= after else found[0]
