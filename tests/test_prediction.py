@@ -72,3 +72,34 @@ def test_chat_takes_a_prediction_and_reports_its_tokens(url):
     assert parts.choices[0].message.content == text
     with pytest.raises(BadRequestError, match="prediction"):
         client.chat.completions.create(**ask, prediction={"type": "diff", "content": text})
+
+
+def test_the_mtp_head_sees_every_pair_a_predicted_run_skipped(engine, tokenizer):
+    """Predicted rounds do not run the MTP head; their (hidden, token) pairs are fed to it later
+    (at its next draft, or in catch-up feeds on a long run). After a reply that followed a
+    prediction for 150 tokens and MTP after it, the head's cache covers the same pairs with the
+    same keys as after a reply drafted by MTP throughout."""
+    import numpy as np
+
+    from mtplx.engine.generation import Generation
+    from mtplx.state.turn import StartPoint
+
+    prompt = tuple(tokenizer.encode("import codecs\n\n### Codec APIs\n\nclass Codec(codecs.Codec):\n"))
+    reply = _long_reply(engine, tokenizer, mtp=False).token_ids
+
+    def decoded(prediction):
+        request = GenerationRequest(prompt, SamplingParams(max_tokens=200, ignore_eos=True), prediction=prediction)
+        gen = Generation(engine.runner, request, use_mtp=True, depth=3, chunk_size=64, eos_ids=engine.eos_ids,
+                         submitted_at=0.0)
+        for _ in gen.prefill(StartPoint(), (), None):
+            pass
+        list(gen.first_token())
+        while gen.finish_reason is None:
+            list(gen.step())
+        head = gen.state.mtp
+        return gen.state.length - len(gen.speculator.pending_tokens), head.offset, np.array(head.keys[..., :head.offset, :])
+
+    plain, followed = engine.call(lambda: decoded(())), engine.call(lambda: decoded(tuple(reply[:150])))
+    assert plain[0] == plain[1] and followed[0] == followed[1]  # every pair but the pending ones is in the head
+    n = min(plain[1], followed[1])
+    assert np.allclose(plain[2][..., :n, :], followed[2][..., :n, :], atol=1e-4)

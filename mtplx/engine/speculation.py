@@ -62,6 +62,9 @@ def draw_draft(runner: ModelRunner, logits: mx.array, sampler: Sampler, whole: b
     return token, mx.zeros((runner.vocab_rows,), dtype=q.dtype).at[runner.draft_ids].add(q)
 
 
+CATCH_UP = 64  # pending MTP pairs after which predicted rounds feed them to the head
+
+
 def _one_hot(token: int, rows: int) -> mx.array:
     """A predicted draft's q: all its mass on the token, so it is kept with probability p(token)
     and a rejection draws from p without it (accept_drafts), exactly the trunk's distribution."""
@@ -221,6 +224,11 @@ class Speculator:
             self.pending_hidden = mx.concatenate([self.pending_hidden, hidden[:, :kept, :]], axis=1)
             self.pending_tokens = self.pending_tokens + drafts[:accepted] + [extra]
             self.prediction.verified(len(drafts), accepted)
+            if len(self.pending_tokens) > CATCH_UP:
+                # The head is fed all but the last pair now (the last starts its next chain), so a
+                # long run along the prediction never piles up pairs or a chain of copies of them.
+                runner.extend_head(self.pending_hidden[:, :-1, :], self.pending_tokens[:-1], state.mtp)
+                self.pending_hidden, self.pending_tokens = self.pending_hidden[:, -1:, :], self.pending_tokens[-1:]
         self.last = extra
         # In a lazy round draft_s is building the chain; its compute lands in verify_s.
         self.stats.draft_s += t1 - t0
