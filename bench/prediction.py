@@ -6,7 +6,8 @@ A client that rewrites a file sends the file as `prediction`; where the reply re
 takes up to 16 predicted tokens in one forward (engine/prediction.py). The tiny models follow no
 instruction to rewrite a file, so the predictions here are made from the model's own greedy reply
 (what a good prediction is): the reply itself ("exact"), the reply with a 6-token edit every 100
-tokens ("edited"), and the reply to another prompt ("unrelated": what a wrong prediction costs).
+tokens ("edited"), and the reply to another prompt ("unrelated": what a wrong prediction costs);
+"ar+" arms decode without the MTP head, as a model without one does.
 Each prompt runs through every arm back to back (greedy, fixed length, `ignore_eos`), so machine
 noise hits the arms alike; every arm's tokens are checked equal to AR's. Printed: medians of
 decode tok/s, the ratios to MTP and to AR, and the predicted tokens kept / verified. Speed is
@@ -31,7 +32,7 @@ PROMPTS = ["import codecs\n\n### Codec APIs\n\nclass Codec(codecs.Codec):\n",
            "def main():\n    parser = argparse.ArgumentParser()\n",
            "The test for main in tests/test_cp1254.py is failing.",
            "class StreamWriter(Codec, codecs.StreamWriter):\n"]
-ARMS = ("ar", "mtp", "exact", "edited", "unrelated")
+ARMS = ("ar", "mtp", "exact", "edited", "unrelated", "ar+exact", "ar+edited")  # ar+: no MTP head used
 
 
 def edited(ids: list[int], tokenizer) -> list[int]:
@@ -56,10 +57,12 @@ def run_model(name: str, tokens: int, runs: int) -> None:
     kept = {arm: [0, 0] for arm in ARMS}
     for _ in range(runs):
         for i, prompt in enumerate(prompts):
-            predictions = {"ar": None, "mtp": (), "exact": replies[i], "edited": edited(replies[i], tokenizer),
-                           "unrelated": replies[(i + 1) % len(prompts)]}
-            for arm, prediction in predictions.items():
-                fin = decode(prompt, prediction is not None, prediction or ())
+            change = edited(replies[i], tokenizer)
+            arms = {"ar": (False, ()), "mtp": (True, ()), "exact": (True, replies[i]), "edited": (True, change),
+                    "unrelated": (True, replies[(i + 1) % len(prompts)]), "ar+exact": (False, replies[i]),
+                    "ar+edited": (False, change)}
+            for arm, (mtp, prediction) in arms.items():
+                fin = decode(prompt, mtp, prediction)
                 if list(fin.token_ids) != replies[i]:
                     raise SystemExit(f"{name} {arm}: the reply differs from AR's: exactness broken")
                 tps[arm].append(fin.stats.decode_tps)

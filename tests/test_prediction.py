@@ -44,6 +44,19 @@ def test_the_reply_is_the_same_whatever_the_prediction(engine, tokenizer):
     assert rejoined.stats.predicted_accepted > 150  # drafting resumed after the edit
 
 
+def test_without_mtp_a_prediction_still_drafts_between_ar_steps(engine, tokenizer):
+    """A model without an MTP head (or --no-mtp): AR steps off the prediction, predicted verifies
+    on it; the reply is AR's."""
+    ar = _long_reply(engine, tokenizer, mtp=False)
+    ids = list(ar.token_ids)
+    edited = ids[:80] + tokenizer.encode(" # an edit\n", add_special_tokens=False) + ids[86:]
+    for prediction in (ids, edited, ids[::-1]):
+        run = _long_reply(engine, tokenizer, prediction, mtp=False)
+        assert run.token_ids == ar.token_ids and run.stats.mode == "ar"
+    followed = _long_reply(engine, tokenizer, edited, mtp=False)
+    assert followed.stats.predicted_accepted > 150 and followed.stats.verify_calls < 40
+
+
 def test_a_sampled_reply_with_a_prediction_keeps_its_length_and_seed(engine, tokenizer):
     ids = _long_reply(engine, tokenizer, mtp=False).token_ids
     runs = [_long_reply(engine, tokenizer, ids, temperature=0.7, seed=5) for _ in range(2)]

@@ -81,6 +81,7 @@ class Generation:
         self.logprobs: list = []  # one per emitted token, when the request asked for them
         self.state: TurnState | None = None
         self.speculator = None
+        self.follower = None  # without MTP: a speculator that only verifies a prediction's drafts
         self.stop_token: int | None = None  # the end-of-sequence token that ended the turn
         self.last_hidden_at_end = None  # hidden at the cache's last position, after feed_tail
         self.prefill_cut: int | None = None  # where a cancelled prefill stopped (its state is kept)
@@ -254,6 +255,10 @@ class Generation:
             predicted = Prediction(self.request.prediction) if self.request.prediction else None
             self.speculator = Speculator(self.runner, self.sampler, self.state, pending, tokens, self.stats,
                                          self.eos_ids, self.shape, self.mask, predicted, self.generated)
+        elif self.request.prediction and not self.params.penalised:  # (a penalised pick needs each step on its own)
+            self.follower = Speculator(self.runner, self.sampler, self.state, None, tokens, self.stats, self.eos_ids,
+                                       self.shape, self.mask, Prediction(self.request.prediction), self.generated,
+                                       head=False)
         self.last = tokens[-1]
 
     def _emit_shown(self, tokens: list[int]):
@@ -270,16 +275,20 @@ class Generation:
 
     def step(self) -> Iterator:
         """One decode step of this sequence alone: an MTP round or one AR token."""
+        room = min(PREDICTED_DEPTH, max(1, self.params.max_tokens - len(self.generated) - 1))  # for a predicted round
         if self.speculator is not None:
-            room = max(1, self.params.max_tokens - len(self.generated) - 1)  # for a predicted round
-            yield from self.take_round(*self.speculator.round(self.draft_budget(), min(room, PREDICTED_DEPTH)))
+            yield from self.take_round(*self.speculator.round(self.draft_budget(), room))
+        elif self.follower is not None and (drafts := self.follower.predicted_drafts(room)):
+            self.follower.last = self.last  # AR steps moved on since its last round
+            yield from self.take_round(*self.follower.predicted_round(drafts), self.follower)
         else:
             yield from self.take_tokens([self._ar_step(self.last)[0]])
 
-    def take_round(self, new: list[int], drafts: list[int], accepted: int) -> Iterator:
+    def take_round(self, new: list[int], drafts: list[int], accepted: int, speculator=None) -> Iterator:
         """The events of one verify round (alone or as one row of a batch)."""
-        if self.speculator.predicted:  # counted apart: acceptance by depth is the MTP head's
-            self.picked_logprobs = list(self.speculator.last_logprobs)
+        speculator = speculator or self.speculator
+        if speculator.predicted:  # counted apart: acceptance by depth is the MTP head's
+            self.picked_logprobs = list(speculator.last_logprobs)
             self.stats.verify_calls += 1
             self.stats.predicted_drafted += len(drafts)
             self.stats.predicted_accepted += accepted

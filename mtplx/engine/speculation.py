@@ -82,11 +82,12 @@ def greedy_kept(drafts: list[int], targets: list[int]) -> int:
 class Speculator:
     def __init__(self, runner: ModelRunner, sampler: Sampler, state, last_hidden: mx.array, first: int | list[int],
                  stats: GenerationStats, eos_ids: set[int] = frozenset(), shape=None, mask=None,
-                 prediction=None, reply: list[int] | None = None):
+                 prediction=None, reply: list[int] | None = None, head: bool = True):
         """`last_hidden`: the trunk's hidden before each token of `first` (one token, or the first
         few sampled by plain steps), whose pairs the MTP head has not yet seen. `prediction`
         (engine/prediction.Prediction) drafts where `reply` (the tokens generated so far, a live
-        list) follows it."""
+        list) follows it. `head=False`: no MTP head (decoding is autoregressive), so only
+        `predicted_round` is used and no pairs are kept for a head."""
         self.runner, self.sampler, self.state, self.stats = runner, sampler, state, stats
         # shape(logits, drafted): one position's logits under the request's tool rule. Drafts and
         # every verify row go through the same transform as an autoregressive pick, so the kept
@@ -104,7 +105,7 @@ class Speculator:
         self.pending_tokens = first
         self.last = first[-1]  # generated, not yet fed to the trunk
         self.last_logprobs: list = []  # the last round's kept tokens' entries, when the request asks
-        self.prediction, self.reply = prediction, reply
+        self.prediction, self.reply, self.head = prediction, reply, head
         self.predicted = False  # whether the last round's drafts came from the prediction
 
     def _draft(self, k: int) -> tuple[list[int], list]:
@@ -158,12 +159,23 @@ class Speculator:
     def round(self, k: int, room: int | None = None) -> tuple[list[int], list[int], int]:
         """One draft+verify round. Returns (new tokens, drafts, drafts accepted). `room`: how many
         tokens a round may draft from a prediction (default k)."""
-        predicted = self.prediction.drafts(self.reply, room or k) if self.prediction is not None else []
-        self.predicted = len(predicted) > 1  # one predicted token is no better than an MTP draft
+        predicted = self.predicted_drafts(room or k)
+        if predicted:
+            return self.predicted_round(predicted)
+        self.predicted = False
         with self.runner.small_forwards():
-            if self.predicted:
-                return self._round(len(predicted), predicted)
             return self._round(k)
+
+    def predicted_drafts(self, room: int) -> list[int]:
+        """The prediction's drafts for the next round; none when it has fewer than two (one is no
+        better than an MTP draft, or than an AR step)."""
+        drafts = self.prediction.drafts(self.reply, room) if self.prediction is not None else []
+        return drafts if len(drafts) > 1 else []
+
+    def predicted_round(self, drafts: list[int]) -> tuple[list[int], list[int], int]:
+        self.predicted = True
+        with self.runner.small_forwards():
+            return self._round(len(drafts), drafts)
 
     def _round(self, k: int, predicted: list[int] | None = None) -> tuple[list[int], list[int], int]:
         state, runner = self.state, self.runner
@@ -220,15 +232,16 @@ class Speculator:
             state.mtp.trim(k - 1)  # drop the speculative MTP entries of draft steps 2..k
             self.pending_hidden = hidden[:, :kept, :]
             self.pending_tokens = drafts[:accepted] + [extra]
-        else:  # the head saw nothing this round: its pairs wait for the next MTP draft
+        elif self.head:  # the head saw nothing this round: its pairs wait for the next MTP draft
             self.pending_hidden = mx.concatenate([self.pending_hidden, hidden[:, :kept, :]], axis=1)
             self.pending_tokens = self.pending_tokens + drafts[:accepted] + [extra]
-            self.prediction.verified(len(drafts), accepted)
             if len(self.pending_tokens) > CATCH_UP:
                 # The head is fed all but the last pair now (the last starts its next chain), so a
                 # long run along the prediction never piles up pairs or a chain of copies of them.
                 runner.extend_head(self.pending_hidden[:, :-1, :], self.pending_tokens[:-1], state.mtp)
                 self.pending_hidden, self.pending_tokens = self.pending_hidden[:, -1:, :], self.pending_tokens[-1:]
+        if predicted is not None:
+            self.prediction.verified(len(drafts), accepted)
         self.last = extra
         # In a lazy round draft_s is building the chain; its compute lands in verify_s.
         self.stats.draft_s += t1 - t0
