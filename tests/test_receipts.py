@@ -20,7 +20,7 @@ def test_fresh_database_gets_every_migration(tmp_path):
     names = [r["name"] for r in store.db["_migrations"].rows]
     assert names == [name for name, _ in MIGRATIONS]
     assert store.db.journal_mode == "wal"
-    assert store.add(row(replay_run="run1", turn_index=0, reasoning_tokens=3))
+    assert store.add(row(replay_run="run1", turn_index=0, reasoning_tokens=3, predicted_drafted=32, predicted_accepted=30))
 
 
 def test_old_database_is_migrated_and_keeps_its_rows(tmp_path):
@@ -34,6 +34,7 @@ def test_old_database_is_migrated_and_keeps_its_rows(tmp_path):
     store = ReceiptStore(path)
     assert store.get("r-old")["prompt_tokens"] == 10
     assert "replay_run" in store.db["receipts"].columns_dict and "reasoning_tokens" in store.db["receipts"].columns_dict
+    assert {"predicted_drafted", "predicted_accepted"} <= set(store.db["receipts"].columns_dict)
     assert migrate(store.db) == []  # idempotent
 
 
@@ -130,6 +131,25 @@ def test_writer_folds_a_turn_from_engine_events(tmp_path, dense_engine):
     assert r["session"] == "s" and r["source"] == "tui" and r["completion_tokens"] == fin.completion_tokens
     assert r["ttft_first_token_s"] > 0 and r["request_json"] == '{"hello": 1}' and len(r["output_sha256"]) == 64
     assert r["model_identity"] == dense_engine.checkpoint.identity and r["restore_source"] == "cold"
+
+
+def test_a_predicted_turns_receipt_says_how_much_of_the_prediction_was_kept(tmp_path, dense_engine):
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+
+    store = ReceiptStore(tmp_path / "p.db")
+    writer = ReceiptWriter(store, "tiny-dense", dense_engine.checkpoint.identity)
+    prompt = tuple(dense_engine.checkpoint.tokenizer.encode("class Codec(codecs.Codec):\n"))
+    params = SamplingParams(max_tokens=80, ignore_eos=True)
+    reply = dense_engine.submit(GenerationRequest(prompt, params, use_mtp=False)).result().token_ids
+    dense_engine.listeners.append(writer)
+    try:
+        fin = dense_engine.submit(GenerationRequest(prompt, params, prediction=reply)).result()
+    finally:
+        dense_engine.listeners.remove(writer)
+    (r,) = store.rows()
+    assert r["predicted_accepted"] == fin.stats.predicted_accepted > 60
+    assert r["predicted_drafted"] == fin.stats.predicted_drafted
 
 
 def test_a_replay_completes_the_servers_row_instead_of_adding_one():

@@ -63,6 +63,13 @@ def _add_render_ahead(db: sqlite_utils.Database) -> None:
         db["receipts"].add_column("render_ahead", str)
 
 
+def _add_prediction(db: sqlite_utils.Database) -> None:
+    # a predicted output's tokens that verifies took / kept (OpenAI `prediction`)
+    for column in ("predicted_drafted", "predicted_accepted"):
+        if column not in db["receipts"].columns_dict:
+            db["receipts"].add_column(column, int)
+
+
 # Append-only: never edit or reorder; add a new named step instead.
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("001_create_receipts", _create),
@@ -70,6 +77,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("003_reasoning_tokens", _add_reasoning_tokens),
     ("004_request_and_entry", _add_request_and_entry),
     ("005_render_ahead", _add_render_ahead),
+    ("006_prediction", _add_prediction),
 ]
 
 

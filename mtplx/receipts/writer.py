@@ -112,7 +112,9 @@ class ReceiptWriter:
                            depth=s.depth, tau=s.tau,
                            drafted_by_depth=json.dumps(list(s.drafted_by_depth)),
                            accepted_by_depth=json.dumps(list(s.accepted_by_depth)),
-                           reasoning_tokens=s.tokens_by_segment.get("reasoning"))
+                           reasoning_tokens=s.tokens_by_segment.get("reasoning"),
+                           **({"predicted_drafted": s.predicted_drafted, "predicted_accepted": s.predicted_accepted}
+                              if s.predicted_drafted else {}))
             else:
                 row.update(finish_reason="failed", shortfall=row.get("shortfall") or event.message)
             self.store.add(row)
