@@ -22,7 +22,6 @@ class Prediction:
         self.ids = tuple(int(i) for i in ids)
         self.at: int | None = 0  # where in the prediction the reply's next token should be
         self.seen = 0  # reply tokens accounted for by `at`
-        self.accepted = self.rejected = 0  # predicted tokens a verify kept / turned down
         self._where: dict[tuple[int, ...], list[int]] | None = None  # each NGRAM's ends, built once
 
     def drafts(self, reply: Sequence[int], limit: int) -> list[int]:
@@ -37,10 +36,6 @@ class Prediction:
         if self.at is None:
             return []
         return list(self.ids[self.at:self.at + min(limit, DEPTH)])
-
-    def verified(self, drafted: int, kept: int) -> None:
-        self.accepted += kept
-        self.rejected += drafted - kept
 
     def _rejoin(self, reply: Sequence[int], after: int) -> int | None:
         """Where the prediction continues the reply's last NGRAM tokens: the first match at or

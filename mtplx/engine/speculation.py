@@ -240,8 +240,6 @@ class Speculator:
                 # long run along the prediction never piles up pairs or a chain of copies of them.
                 runner.extend_head(self.pending_hidden[:, :-1, :], self.pending_tokens[:-1], state.mtp)
                 self.pending_hidden, self.pending_tokens = self.pending_hidden[:, -1:, :], self.pending_tokens[-1:]
-        if predicted is not None:
-            self.prediction.verified(len(drafts), accepted)
         self.last = extra
         # In a lazy round draft_s is building the chain; its compute lands in verify_s.
         self.stats.draft_s += t1 - t0
