@@ -210,6 +210,11 @@ def test_more_bad_input_and_routes(server, client):
     schema = httpx.post(url + "/v1/messages", json={"max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
                                                     "tools": [{"name": "f", "input_schema": "x"}]})
     assert schema.status_code == 400 and "input_schema" in schema.json()["error"]["message"]
+    for tool, status in (({"type": "web_search_20250305", "name": "web_search", "max_uses": 3}, 400),
+                         ({"type": "bash_20250124", "name": "bash"}, 200)):  # a client tool: the client runs it
+        r = httpx.post(url + "/v1/messages", json={"max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
+                                                   "tools": [tool]})
+        assert r.status_code == status, r.text
     mcp = httpx.post(url + "/v1/messages", json={"max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
                                                  "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]})
     assert mcp.status_code == 400 and "mcp_servers" in mcp.json()["error"]["message"]

@@ -135,6 +135,11 @@ def _user(blocks: list[dict], p: str) -> list[dict]:
     return out
 
 
+# Anthropic's server tools, by type prefix (client tools such as bash_* and text_editor_* are run by
+# the client, so they are described to the model like any other).
+SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
+
+
 def to_tools(raw) -> list[dict] | None:
     if raw is None:
         return None
@@ -144,6 +149,12 @@ def to_tools(raw) -> list[dict] | None:
     for i, t in enumerate(raw):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise bad_request(f"tools[{i}] needs a name", f"tools[{i}]")
+        kind = t.get("type")
+        if isinstance(kind, str) and kind.startswith(SERVER_TOOLS):
+            # Anthropic runs these itself and returns their results; described as a function here,
+            # a call to one would go back to a client that cannot run it.
+            raise bad_request(f"tools[{i}]: {kind} is a server tool (the API runs it); this server runs none",
+                              f"tools[{i}].type")
         check_schema(t.get("input_schema"), f"tools[{i}].input_schema")
         tools.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                        "parameters": t.get("input_schema", {"type": "object"})}})
