@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mtplx.server.api_error import bad_request
+from mtplx.server.openai_request import flag
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,7 @@ def parse(body: dict, vocab_size: int) -> CompletionPrompt:
         ids, text = list(prompt), None
     else:
         raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
-    echo = body.get("echo", False)
-    if echo is not None and not isinstance(echo, bool):
-        raise bad_request("echo must be a boolean", "echo")
+    echo = flag(body, "echo")
     if echo and body.get("logprobs") is not None:
         raise bad_request("echo with logprobs (the prompt's own log-probabilities) is not supported", "echo")
     if body.get("suffix"):
@@ -58,4 +57,4 @@ def parse(body: dict, vocab_size: int) -> CompletionPrompt:
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
         raise bad_request("best_of must be 1", "best_of")
-    return CompletionPrompt(ids, text, bool(echo))
+    return CompletionPrompt(ids, text, echo)

@@ -167,15 +167,19 @@ def check_schema(schema, param: str) -> None:
         raise bad_request(f"{param} must be a JSON schema object, got {type(schema).__name__}", param)
 
 
-def stream_flag(body: dict) -> bool:
-    """`stream` of a request body: a boolean, or null / absent for the default (false), as OpenAI
+def flag(body: dict, name: str, default: bool = False) -> bool:
+    """A boolean field of a request body: a boolean, or null / absent for the default, as OpenAI
     and Anthropic read it (clients that serialise unset fields send null)."""
-    stream = body.get("stream")
-    if stream is None:
-        return False
-    if not isinstance(stream, bool):
-        raise bad_request("stream must be a boolean", "stream")
-    return stream
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be a boolean", name)
+    return value
+
+
+def stream_flag(body: dict) -> bool:
+    return flag(body, "stream")
 
 
 def _number(body: dict, name: str, kind=float, default=None):
@@ -275,7 +279,7 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be a boolean", "enable_thinking")
     start = None
-    if _flag(body, "continue_final_message"):  # vLLM's extension: the reply continues the last assistant turn
+    if flag(body, "continue_final_message"):  # vLLM's extension: the reply continues the last assistant turn
         messages, start, thinking = prefill.split(messages, thinking)
     return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
                     bool(options.get("include_usage")), thinking,
@@ -292,9 +296,3 @@ def _prediction(value) -> str | None:
         raise bad_request("prediction must be {\"type\": \"content\", \"content\": ...}", "prediction")
     return message_text(value.get("content"), "prediction.content") or None
 
-
-def _flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
-    if value is not None and not isinstance(value, bool):
-        raise bad_request(f"{name} must be a boolean", name)
-    return bool(value)

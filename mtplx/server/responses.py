@@ -22,7 +22,7 @@ from mtplx.server import output_format
 from mtplx.server.api_error import bad_request
 from mtplx.server.context import check_max_tokens
 from mtplx.server.media import OPENAI_MEDIA, placeholder
-from mtplx.server.openai_request import ChatCall, _check_text, check_schema, sampling_from, stream_flag
+from mtplx.server.openai_request import ChatCall, _check_text, check_schema, flag, sampling_from, stream_flag
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
@@ -131,8 +131,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
         raise bad_request("previous_response_id must be a string", "previous_response_id")
     if body.get("background"):  # a response run detached and polled for: not built, so never pretended
         raise bad_request("background responses are not supported; stream the response instead", "background")
-    if body.get("store") not in (None, True, False):
-        raise bad_request("store must be a boolean", "store")
+    flag(body, "store", default=True)  # checked here; read where the response is kept (app.py)
     schema = output_format.from_responses(body.get("text"))
     include = body.get("include") if isinstance(body.get("include"), list) else []
     if body.get("top_logprobs") or "message.output_text.logprobs" in include:  # never dropped silently
