@@ -27,6 +27,7 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
+from mtplx.call_grammar import JSON_OPTIONS
 from mtplx.engine.tool_rule import content_start
 
 # Leading blank text before the document (Qwen writes "\n\n" after its reasoning), bounded so a
@@ -69,17 +70,20 @@ class Grammar:
     @classmethod
     def from_schema(cls, schema: dict, tokenizer, eos_ids) -> "Grammar":
         """Raises ValueError naming what is wrong with the schema."""
+        # The document is written with fixed separators and no other blank text (call_grammar's
+        # JSON_OPTIONS). Keywords llguidance does not enforce are accepted (and not enforced)
+        # rather than refused.
+        options = JSON_OPTIONS | (schema.get("x-guidance") or {})
+        return cls.from_lark(f"start: {_LEAD} document\ndocument: %json {json.dumps(schema | {'x-guidance': options})}",
+                             tokenizer, eos_ids)
+
+    @classmethod
+    def from_lark(cls, lark: str, tokenizer, eos_ids) -> "Grammar":
+        """Raises ValueError naming what is wrong with the grammar."""
         import llguidance
 
-        # The document is written with fixed separators and no other blank text: with free
-        # whitespace between tokens (llguidance's default) a model can pad with newlines until
-        # its budget ends, and small ones do. Keywords llguidance does not enforce are accepted
-        # (and not enforced) rather than refused.
-        options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
-                   "lenient": True} | (schema.get("x-guidance") or {})
         try:
-            text = llguidance.LLMatcher.grammar_from_lark(
-                f"start: {_LEAD} document\ndocument: %json {json.dumps(schema | {'x-guidance': options})}")
+            text = llguidance.LLMatcher.grammar_from_lark(lark)
         except (ValueError, TypeError) as exc:
             raise ValueError(str(exc)) from None
         problem = llguidance.LLMatcher.validate_grammar(text, tokenizer)
@@ -116,15 +120,19 @@ class OutputRule:
             # it cannot take the end token again after rolling it back)
         if not self._follow(content):
             return logits  # the matcher lost the text (see _follow); never block the reply
-        allowed = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), np.uint8), bitorder="little")
-        width = logits.shape[-1]
-        allowed = allowed[:width] if allowed.size >= width else np.pad(allowed, (0, width - allowed.size))
         extra = []
         if all(self._is_blank(t) for t in content):
             if self.call_open is not None:
                 extra.append(self.call_open)
             if not history and self.think is not None and not self.starts_in_reasoning:
                 extra.append(self.think[0])  # the model may open its reasoning first
+        return self._masked(logits, extra)
+
+    def _masked(self, logits: mx.array, extra: list[int]) -> mx.array:
+        """The logits with only the matcher's next tokens (and `extra`) left."""
+        allowed = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), np.uint8), bitorder="little")
+        width = logits.shape[-1]
+        allowed = allowed[:width] if allowed.size >= width else np.pad(allowed, (0, width - allowed.size))
         allowed = allowed.astype(bool)
         allowed[[t for t in extra if t < width]] = True
         in_string, _, number = self._lex[-1] if self._lex else (False, False, 0)

@@ -29,6 +29,7 @@ class GenerationRequest:
     tool_rule: ToolRule | None = None  # may / must the reply call a tool (None: free)
     output_rule: object | None = None  # the reply held to a JSON schema (engine/output_rule.OutputRule)
     reasoning_rule: object | None = None  # the reasoning capped (engine/reasoning_budget.ReasoningBudget)
+    call_rule: object | None = None  # an open tool call held to the request's tools (engine/call_rule.CallRule)
     prediction: tuple[int, ...] = ()  # the predicted output's ids, drafts where the reply follows it
 
     def __post_init__(self):

@@ -1,6 +1,6 @@
 """A request's rules on the logits applied as one, in order (each gets the previous one's logits).
 
-Tool rule, logit bias, output schema, reasoning budget: a position's logits pass through each. The set is
+Tool rule, logit bias, output schema, tool-call grammar, reasoning budget: a position's logits pass through each. The set is
 history-free only when every rule is, so a bias alone keeps greedy drafts in the lazy chain.
 """
 
@@ -39,5 +39,5 @@ def rules_of(request):
 
         bias = LogitBias(request.sampling.logit_bias)
     # The reasoning budget last: when it closes the reasoning, nothing may reopen the choice.
-    rules = tuple(r for r in (tool, bias, output, request.reasoning_rule) if r is not None)
+    rules = tuple(r for r in (tool, bias, output, request.call_rule, request.reasoning_rule) if r is not None)
     return None if not rules else rules[0] if len(rules) == 1 else RuleSet(rules)

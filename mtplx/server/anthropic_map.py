@@ -11,7 +11,7 @@ from mtplx.events import Finished, Tokens
 from mtplx.server import output_format, prefill
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
-from mtplx.server.openai_request import ChatCall, _check_text, check_schema, sampling_from, stream_flag
+from mtplx.server.openai_request import ChatCall, _check_text, check_schema, sampling_from, stream_flag, strict_names
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import from_anthropic
@@ -179,7 +179,7 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
                     thinking, from_anthropic(body.get("tool_choice"), tools),
                     output_format.from_anthropic(body.get("output_config")), prefill=start,
-                    reasoning_budget=budget_of(body.get("thinking")))
+                    reasoning_budget=budget_of(body.get("thinking")), strict_tools=strict_names(body.get("tools")))
 
 
 def with_format(messages: list[dict], config) -> list[dict]:

@@ -176,7 +176,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def chat(request: Request):
         raw, body = await body_of(request)
         call = parse_chat(body, defaults, limit())
-        prompt = await encoded(engine, cache, call, "chat", raw)
+        prompt = await encoded(engine, cache, call, "chat", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         logprobs = call.sampling.logprobs is not None
         if not call.stream:  # the engine split the reply in the model's tool-call format (Finished.pieces)
@@ -212,7 +212,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def responses_route(request: Request):
         raw, body = await body_of(request)
         call = responses.parse_response_call(body, defaults, limit(), response_store, signer)
-        prompt = await encoded(engine, cache, call, "responses", raw)
+        prompt = await encoded(engine, cache, call, "responses", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         built = responses.ResponseStream(model_name, body, signer)
 
@@ -266,7 +266,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def messages(request: Request):
         raw, body = await body_of(request)
         call = anthropic_map.parse_messages_call(body, defaults, limit(), signer=signer)
-        prompt = await encoded(engine, cache, call, "messages", raw)
+        prompt = await encoded(engine, cache, call, "messages", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         if not call.stream:
             return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, signer), request,

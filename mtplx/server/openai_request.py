@@ -38,6 +38,8 @@ class ChatCall:
     reasoning_budget: int | None = None  # reasoning tokens allowed before it is closed (Anthropic's budget_tokens)
     prediction: str | None = None  # the predicted output's text (engine/prediction.py: drafts, never output)
     prediction_ids: tuple[int, ...] = ()  # ... as token ids, when the call is encoded
+    strict_tools: tuple[str, ...] = ()  # tools whose calls must follow their schema (`strict: true`)
+    call_grammar: object = None  # a tool call's body held to the tools (ToolRules.compile), when encoded
 
 
 def _reject_constant(name: str):
@@ -159,6 +161,17 @@ def parse_tools(raw, tool_choice) -> list[dict] | None:
     # Described in the prompt whatever tool_choice says: the choice is enforced on the logits
     # (server/tool_choice.py), so the prompt and its cache stay the same across choices.
     return raw or None
+
+
+def strict_names(raw) -> tuple[str, ...]:
+    """The tools a request marks `strict: true` (chat nests it in `function`; Responses and
+    Anthropic put it on the tool): their calls' arguments are held to their schema."""
+    out = []
+    for tool in raw if isinstance(raw, list) else ():
+        spec = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if isinstance(spec, dict) and spec.get("strict") is True and isinstance(spec.get("name"), str):
+            out.append(spec["name"])
+    return tuple(out)
 
 
 def check_schema(schema, param: str) -> None:
@@ -285,7 +298,7 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
                     bool(options.get("include_usage")), thinking,
                     from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")),
                     output_format.from_openai(body.get("response_format")), prefill=start,
-                    prediction=_prediction(body.get("prediction")))
+                    prediction=_prediction(body.get("prediction")), strict_tools=strict_names(body.get("tools")))
 
 
 def _prediction(value) -> str | None:

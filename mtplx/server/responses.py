@@ -22,7 +22,7 @@ from mtplx.server import output_format
 from mtplx.server.api_error import bad_request
 from mtplx.server.context import check_max_tokens
 from mtplx.server.media import OPENAI_MEDIA, placeholder
-from mtplx.server.openai_request import ChatCall, _check_text, check_schema, flag, sampling_from, stream_flag
+from mtplx.server.openai_request import ChatCall, _check_text, check_schema, flag, sampling_from, stream_flag, strict_names
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
@@ -147,7 +147,8 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     thinking = False if effort in ("none", "minimal") else None
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
-                    from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")), schema)
+                    from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")), schema,
+                    strict_tools=strict_names(body.get("tools")))
 
 
 def usage(fin: Finished) -> dict:

@@ -5,11 +5,18 @@ OpenAI: "auto" | "none" | "required" | {"type": "function", "function": {"name"}
 decision becomes an engine ToolRule over token ids (the tool-call opening token masked, or a call
 forced); tools stay described in the prompt under "none" so the prompt, and its cache, do not
 change with the choice.
+
+Where the reply must call a tool, or a tool is `strict`, an open call's body is also held to the
+request's tools (mtplx/call_grammar.py, engine/call_rule.py): a declared name, arguments that
+parse, and under "required" (or `strict`) arguments that follow the tool's schema.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+
+from mtplx import call_grammar
 
 from mtplx.engine.tool_rule import ToolRule
 from mtplx.server.api_error import bad_request
@@ -93,6 +100,7 @@ class ToolRules:
         think = (token_id(tokenizer, "<think>"), token_id(tokenizer, "</think>"))
         self.think = think if None not in think else None
         self._blank = None
+        self._grammars: dict[tuple, object] = {}  # compiled call grammars: agents resend the same tools each turn
 
     @property
     def blank(self) -> tuple[int, ...]:
@@ -118,3 +126,56 @@ class ToolRules:
             # brace are one token in its calls; XML up to the function tag's line).
             head = tuple(self.tokenizer.encode(text, add_special_tokens=False))
         return ToolRule("required", self.open, self.eos_ids, head, self.think, starts_in_reasoning, self.blank, once)
+
+    def compile(self, call) -> None:
+        """`call.call_grammar`: the grammar an open call's body is held to, compiled for the
+        tokenizer (on a worker thread: turns.encode). None where nothing asks for one (auto without
+        a strict tool, none), or where the format's body or closing token is not known. A schema
+        llguidance cannot take leaves that tool's arguments any JSON object, never a 400: the tool
+        was accepted, and its calls still get a declared name."""
+        choice = call.tool_choice
+        if not call.tools or self.open is None or self.close is None or choice.mode == "none" or \
+                (choice.mode == "auto" and not call.strict_tools):
+            return
+        enforced = tuple(call_grammar.names(call.tools)) if choice.mode == "required" else call.strict_tools
+        key = (json.dumps(call.tools, sort_keys=True, default=str), choice.name, enforced)
+        if key not in self._grammars:
+            if len(self._grammars) >= 32:
+                self._grammars.pop(next(iter(self._grammars)))
+            self._grammars[key] = self._compiled(call.tools, enforced, choice.name)
+        call.call_grammar = self._grammars[key]
+
+    def _compiled(self, tools: list[dict], enforced: tuple[str, ...], only: str | None):
+        from mtplx.engine.output_rule import Grammar, ll_tokenizer
+
+        tokenizer = ll_tokenizer(self.tokenizer, self.eos_ids)
+        # All schemas first; then only those that compile alone; then none (any JSON arguments).
+        tries = (list(enforced), lambda: [n for n in enforced if self._takes(tools, n, tokenizer)], [])
+        for kept in tries:
+            kept = kept() if callable(kept) else kept
+            text = call_grammar.lark(self.format.body, tools, f"<[{self.close}]>", kept, only)
+            if text is None:
+                return None
+            try:
+                return Grammar.from_lark(text, tokenizer, self.eos_ids)
+            except ValueError:
+                continue
+        return None
+
+    def _takes(self, tools: list[dict], name: str, tokenizer) -> bool:
+        from mtplx.engine.output_rule import Grammar
+
+        try:
+            Grammar.from_lark(call_grammar.lark(self.format.body, tools, f"<[{self.close}]>", [name], name),
+                              tokenizer, self.eos_ids)
+            return True
+        except ValueError:
+            return False
+
+    def call_rule(self, call):
+        """The engine rule holding a call's body to `call.call_grammar` (None: none compiled)."""
+        if call.call_grammar is None:
+            return None
+        from mtplx.engine.call_rule import CallRule
+
+        return CallRule(call.call_grammar, self.open, self.close)

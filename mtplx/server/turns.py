@@ -68,8 +68,10 @@ def _body_session(body: dict) -> str | None:
     return None
 
 
-def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -> list[int]:
+def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes, rules: ToolRules | None = None) -> list[int]:
     output_format.compile_call(engine, call)
+    if rules is not None:
+        rules.compile(call)
     if call.prediction:  # the ids the reply would have where it repeats the predicted output
         call.prediction_ids = tuple(engine.checkpoint.tokenizer.encode(call.prediction, add_special_tokens=False))
     key = cache.key(route, raw)
@@ -107,11 +109,12 @@ def _render(engine, call: ChatCall) -> tuple[list[int], dict]:
     return tokens, {}
 
 
-async def encoded(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes) -> list[int]:
+async def encoded(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes,
+                  rules: ToolRules | None = None) -> list[int]:
     """`encode` on a worker thread: rendering and tokenizing a long conversation (a 100k-token
     history is ~0.5 MB of text, ~0.5 s here) would otherwise hold the event loop, and with it the
     tokens every other client is being streamed."""
-    return await asyncio.to_thread(encode, engine, cache, call, route, raw)
+    return await asyncio.to_thread(encode, engine, cache, call, route, raw, rules)
 
 
 def fold_system(messages: list[dict]) -> list[dict]:
@@ -140,6 +143,7 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
                                    enable_thinking=call.enable_thinking, prompt=prompt, prefill=call.prefill,
                                    session=session, source=source,
                                    tool_rule=rule, output_rule=output_rule, reasoning_rule=reasoning_rule, raw=text,
+                                   call_rule=rules.call_rule(call) if rules else None,
                                    prediction=call.prediction_ids)
         else:  # a text completion: a prompt, no chat
             request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text,

@@ -1,0 +1,81 @@
+"""The grammar of a tool call's body: a call to one of the request's tools, as the model's format
+writes it, its arguments held to the tool's JSON schema.
+
+Small local models call tools that were never offered (`write_file` for `write`), or write
+arguments that are not JSON; the agent then spends a turn on the error. Once a call has opened,
+the engine (engine/call_rule.py) holds its body to this grammar, so the name is a declared tool's
+and the arguments parse (and, where the schema is enforced, validate).
+
+The text between the opening tag and the closing token, for the `<tool_call>` family:
+- JSON (Qwen3, Hermes, the embedded models): `\\n{"name": "N", "arguments": {...}}\\n`;
+- XML (Qwen3.5, Qwen3-Coder): `\\n<function=N>\\n<parameter=K>\\nvalue\\n</parameter>\\n...</function>\\n`;
+  keys are the tool's properties (any key when the schema lets others in), values are free text up
+  to `\\n</parameter>` (their types are not enforced: the template writes them as text).
+Other formats get no grammar: their bodies are read by mlx-lm's parsers, whose syntax is theirs.
+
+The output is llguidance's Lark dialect; `close` is how the grammar names the closing token
+(`<[id]>`). This module knows text and JSON schemas, never tokens or requests.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Collection
+
+# The same fixed separators as the template's `tojson` (and structured output's documents): with
+# free whitespace a model can pad with newlines until its budget ends, and small ones do.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
+ANY_OBJECT = {"type": "object"}
+
+
+def function(tool: dict) -> dict:
+    return tool.get("function", tool) if isinstance(tool, dict) else {}
+
+
+def names(tools: list[dict]) -> list[str]:
+    return [function(t)["name"] for t in tools if isinstance(function(t).get("name"), str)]
+
+
+def schema_of(tool: dict) -> dict:
+    schema = function(tool).get("parameters")
+    return schema if isinstance(schema, dict) and schema else ANY_OBJECT
+
+
+def lark(body: str, tools: list[dict], close: str, enforced: Collection[str] = (), only: str | None = None) -> str | None:
+    """The grammar of one call's body, or None for a body layout it does not know. `enforced`: the
+    tools whose arguments must follow their schema (the others: any JSON object); `only`: the one
+    tool the call must be to (a named tool choice)."""
+    chosen = [t for t in tools if function(t).get("name") == only] if only else list(tools)
+    chosen = [t for t in chosen if isinstance(function(t).get("name"), str)]
+    if not chosen or body not in ("json", "xml"):
+        return None
+    rules = [f"start: {_literal(chr(10))} call {_literal(chr(10))} {close}",
+             "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
+    for i, tool in enumerate(chosen):
+        name = function(tool)["name"]
+        schema = schema_of(tool) if name in enforced else ANY_OBJECT
+        rules += _json_call(i, name, schema) if body == "json" else _xml_call(i, name, schema)
+    if body == "xml":
+        # A value runs to the first "\n</parameter>" (lazy: it cannot hold that text itself).
+        rules += ['value[lazy]: VALUE_TEXT "\\n</parameter>"', "VALUE_TEXT: /(.|\\n)*/", "ANY_KEY: /[^>\\s]+/"]
+    return "\n".join(rules) + "\n"
+
+
+def _json_call(i: int, name: str, schema: dict) -> list[str]:
+    head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+    document = json.dumps(schema | {"x-guidance": JSON_OPTIONS}, ensure_ascii=False)
+    return [f'call_{i}: {_literal(head)} args_{i} "}}"', f"args_{i}: %json {document}"]
+
+
+def _xml_call(i: int, name: str, schema: dict) -> list[str]:
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    keys = [k for k in properties if isinstance(k, str) and k and not any(c in k for c in "> \t\n")]
+    # An enforced schema lists what a call may hold, unless it lets other keys in.
+    closed = keys and schema.get("additionalProperties") in (None, False)
+    key = " | ".join(_literal(k) for k in keys) if closed else "ANY_KEY"
+    return [f"call_{i}: {_literal(f'<function={name}>' + chr(10))} param_{i}* {_literal('</function>')}",
+            f"param_{i}: {_literal('<parameter=')} ({key}) {_literal('>' + chr(10))} value {_literal(chr(10))}"]
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)

@@ -1,0 +1,183 @@
+"""A tool call's body held to the request's tools: the grammar (pure text), the matcher over a real
+tokenizer, the engine (both tiny models, MTP == AR under the rule) and the server routes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mtplx.call_grammar import lark
+
+WRITE = {"type": "function", "function": {"name": "write", "description": "Write a file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+    "required": ["path", "content"], "additionalProperties": False}}}
+OPEN = {"type": "function", "function": {"name": "open_path", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False}}}
+LIST = {"type": "function", "function": {"name": "list_dir", "parameters": {"type": "object"}}}
+
+
+# -- the grammar text ------------------------------------------------------------------------
+
+def test_json_body_names_each_tool_and_embeds_enforced_schemas_only():
+    text = lark("json", [WRITE, LIST], "<[6]>", enforced=["write"])
+    assert text.startswith('start: "\\n" call "\\n" <[6]>')
+    assert "call: call_0 | call_1" in text
+    assert '"{\\"name\\": \\"write\\", \\"arguments\\": "' in text
+    assert '"required": ["path", "content"]' in text  # write's schema, enforced
+    assert 'args_1: %json {"type": "object", "x-guidance"' in text  # list_dir: any object
+
+
+def test_named_choice_leaves_one_alternative_and_unknown_bodies_get_none():
+    assert "call: call_0\n" in lark("json", [WRITE, LIST], "<[6]>", only="list_dir")
+    assert "list_dir" in lark("json", [WRITE, LIST], "<[6]>", only="list_dir")
+    assert "write" not in lark("json", [WRITE, LIST], "<[6]>", only="list_dir")
+    assert lark("glm", [WRITE], "<[6]>") is None
+    assert lark("", [WRITE], "<[6]>") is None
+    assert lark("json", [WRITE], "<[6]>", only="nope") is None
+
+
+def test_xml_keys_are_the_schemas_when_enforced_and_free_otherwise():
+    text = lark("xml", [WRITE, LIST], "<[6]>", enforced=["write"])
+    assert 'param_0: "<parameter=" ("path" | "content")' in text
+    assert 'param_1: "<parameter=" (ANY_KEY)' in text
+    assert "value[lazy]" in text
+    assert 'param_0: "<parameter=" (ANY_KEY)' in lark("xml", [WRITE], "<[6]>")  # not enforced
+
+
+# -- the matcher over the embedded tokenizer ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def matcher_for(tokenizer):
+    from mtplx.engine.output_rule import Grammar, ll_tokenizer
+
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    close = tokenizer.convert_tokens_to_ids("</tool_call>")
+
+    def make(body: str, enforced=("write",), only=None):
+        import llguidance
+
+        grammar = Grammar.from_lark(lark(body, [WRITE, LIST], f"<[{close}]>", enforced, only),
+                                    ll_tokenizer(tokenizer, eos), eos)
+        return llguidance.LLMatcher(grammar.tokenizer, grammar.text), close
+
+    return make
+
+
+def _takes(matcher, tokenizer, text: str) -> bool:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.consume_token(t) for t in ids)
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('\n{"name": "write", "arguments": {"path": "a.py", "content": "x = 1"}}\n', True),
+    ('\n{"name": "list_dir", "arguments": {"anything": [1, 2]}}\n', True),
+    ('\n{"name": "write_file", "arguments": {"path": "a.py"}}\n', False),  # not a declared tool
+    ('\n{"name": "write", "arguments": {"path": "a.py"}}\n', False),  # content is required
+    ('\n{"name": "write", "arguments": {"path": 3, "content": ""}}\n', False),  # path is a string
+    ('\n{"name": "write", "arguments": {"path": "a", "content": "", "mode": "w"}}\n', False),  # no other keys
+])
+def test_json_calls_are_matched_to_the_tools(matcher_for, tokenizer, text, ok):
+    matcher, close = matcher_for("json")
+    assert _takes(matcher, tokenizer, text) == ok
+    if ok:  # once whole, the closing token is the only way on
+        import numpy as np
+
+        allowed = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8), bitorder="little")
+        assert list(np.nonzero(allowed)[0]) == [close]
+        assert matcher.consume_token(close) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("\n<function=write>\n<parameter=path>\na.py\n</parameter>\n<parameter=content>\nif a </b:\n  pass\n</parameter>\n</function>\n", True),
+    ("\n<function=list_dir>\n<parameter=whatever>\n.\n</parameter>\n</function>\n", True),
+    ("\n<function=writer>\n</function>\n", False),
+    ("\n<function=write>\n<parameter=mode>\nw\n</parameter>\n</function>\n", False),  # not a key of write
+])
+def test_xml_calls_are_matched_to_the_tools(matcher_for, tokenizer, text, ok):
+    matcher, close = matcher_for("xml")
+    assert _takes(matcher, tokenizer, text) == ok
+    if ok:
+        assert matcher.consume_token(close) and matcher.is_accepting()
+
+
+# -- the engine --------------------------------------------------------------------------------
+
+def _call_of(tokenizer, ids: list[int], rules) -> dict:
+    body = ids[ids.index(rules.open) + 1: ids.index(rules.close)]
+    return json.loads(tokenizer.decode(body))
+
+
+def test_a_forced_call_names_a_declared_tool_with_valid_arguments_mtp_equal_to_ar(engine, tokenizer):
+    """Made to call a tool it was never trained on, the model invents one (tiny-dense writes
+    `write_file`); held to the grammar the call is `open_path` with its one string argument, and MTP keeps
+    exactly what AR keeps under the rule."""
+    from mtplx.chat import render
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+    from mtplx.server.openai_request import ChatCall
+    from mtplx.server.tool_choice import ToolChoice, ToolRules
+
+    prompt = tuple(render(tokenizer, [{"role": "user", "content": "Write hello.py that prints hello."}], [OPEN],
+                          enable_thinking=False))
+    rules = ToolRules(tokenizer, engine.eos_ids)
+    choice = ToolChoice("required")
+    call = ChatCall([], [OPEN], SamplingParams(), tool_choice=choice)
+    rules.compile(call)
+    assert call.call_grammar is not None
+
+    def run(mtp: bool, held: bool, **sampling):
+        return engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=160, **sampling), use_mtp=mtp, depth=3,
+                                               tool_rule=rules.rule(choice, False),
+                                               call_rule=rules.call_rule(call) if held else None)).result()
+
+    ar, mtp = run(False, True), run(True, True)
+    assert ar.token_ids == mtp.token_ids and mtp.stats.verify_calls > 0
+    made = _call_of(tokenizer, ar.token_ids, rules)
+    assert made["name"] == "open_path"
+    assert set(made["arguments"]) == {"path"} and isinstance(made["arguments"]["path"], str)
+    if engine.checkpoint.path.name == "tiny-dense":  # free, it names a tool it was not given: the grammar bit
+        free = run(False, False).token_ids
+        assert not tokenizer.decode(free[free.index(rules.open) + 1:]).startswith('\n{"name": "open_path",')
+    sampled = run(True, True, temperature=1.0, seed=7)  # drawn, not argmax: still a valid call
+    assert _call_of(tokenizer, sampled.token_ids, rules)["name"] == "open_path"
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+def test_routes_hold_forced_and_strict_calls_to_the_tools(tiny_dense_url):
+    """Chat `required`, a `strict` tool under auto, Anthropic `any` and Responses `required`: each
+    call is to the declared tool, with arguments its schema accepts. A schema llguidance cannot
+    compile is still served (the call keeps a declared name; its arguments are any object)."""
+    import httpx
+
+    url = tiny_dense_url
+    ask = [{"role": "user", "content": "Write hello.py that prints hello."}]
+    chat = {"messages": ask, "max_tokens": 160, "temperature": 0, "enable_thinking": False}
+
+    def chat_call(**extra) -> dict:
+        reply = httpx.post(url + "/v1/chat/completions", json={**chat, **extra}, timeout=120).json()
+        return reply["choices"][0]["message"]["tool_calls"][0]["function"]
+
+    made = chat_call(tools=[OPEN], tool_choice="required")
+    assert made["name"] == "open_path" and set(json.loads(made["arguments"])) == {"path"}
+    strict = {"type": "function", "function": {**OPEN["function"], "strict": True}}
+    made = chat_call(tools=[strict])  # auto: the model chose to call; strict holds the call
+    assert made["name"] == "open_path" and set(json.loads(made["arguments"])) == {"path"}
+    odd = {"type": "function", "function": {"name": "open_path", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string", "pattern": "(?<=a)b"}}}}}
+    assert chat_call(tools=[odd], tool_choice="required")["name"] == "open_path"
+
+    anthropic = httpx.post(url + "/v1/messages", timeout=120, json={
+        "model": "m", "max_tokens": 160, "temperature": 0, "messages": ask, "thinking": {"type": "disabled"},
+        "tools": [{"name": "open_path", "input_schema": OPEN["function"]["parameters"]}],
+        "tool_choice": {"type": "any"}}).json()
+    use = [b for b in anthropic["content"] if b["type"] == "tool_use"]
+    assert anthropic["stop_reason"] == "tool_use" and use[0]["name"] == "open_path" and set(use[0]["input"]) == {"path"}
+
+    responses = httpx.post(url + "/v1/responses", timeout=120, json={
+        "model": "m", "max_output_tokens": 160, "temperature": 0, "input": ask[0]["content"],
+        "reasoning": {"effort": "none"}, "tool_choice": "required",
+        "tools": [{"type": "function", "name": "open_path", "parameters": OPEN["function"]["parameters"]}]}).json()
+    calls = [item for item in responses["output"] if item["type"] == "function_call"]
+    assert calls[0]["name"] == "open_path" and set(json.loads(calls[0]["arguments"])) == {"path"}
