@@ -745,3 +745,15 @@ def test_sized_rows_set_widths_and_keep_the_reader_in_place():
             assert table.cursor_row == 20 and [c.width for c in table.columns.values()] == [2, 29]
 
     asyncio.run(run())
+
+
+def test_turn_numbers_show_a_predicted_outputs_drafts():
+    """A turn that verified a predicted output's tokens says so beside acceptance by depth: those
+    drafts, not the MTP head's, are what make such a turn's tau reach 16."""
+    from tui.screens.turn import numbers
+
+    row = {"drafted_by_depth": "[10, 8]", "accepted_by_depth": "[9, 7]", "tau": 9.5}
+    assert "acceptance d1 9/10  d2 7/8\n" in numbers(row)
+    assert "acceptance d1 9/10  d2 7/8  predicted 110/120\n" in numbers(row | {"predicted_drafted": 120,
+                                                                                "predicted_accepted": 110})
+    assert "acceptance predicted 30/32\n" in numbers({"predicted_drafted": 32, "predicted_accepted": 30})

@@ -32,6 +32,9 @@ def numbers(receipt: dict) -> str:
     drafted, accepted = (json.loads(r.get(k) or "[]") for k in ("drafted_by_depth", "accepted_by_depth"))
     if drafted:
         by_depth = "  ".join(f"d{i + 1} {a}/{d}" for i, (d, a) in enumerate(zip(drafted, accepted)))
+    if r.get("predicted_drafted"):  # a predicted output's drafts: they, not the head, make a tau of 16
+        by_depth = (by_depth + "  " if by_depth else "") + \
+            f"predicted {_f(r.get('predicted_accepted'))}/{r['predicted_drafted']}"
     return (f"prompt {_f(r.get('prompt_tokens'))}  ceiling {_f(r.get('ceiling'))}  cached {_f(r.get('cached_tokens'))}"
             f"  ratio {_f(ratio, '.2f')}\n"
             f"TTFT {_f(r.get('ttft_first_token_s'), '.3f')}s (first token)  {_f(r.get('ttft_first_visible_s'), '.3f')}s"
@@ -54,6 +57,7 @@ def from_record(record) -> dict:
             "decode_tps": s.decode_tps, "mode": s.mode, "depth": s.depth, "tau": s.tau,
             "drafted_by_depth": json.dumps(list(s.drafted_by_depth)),
             "accepted_by_depth": json.dumps(list(s.accepted_by_depth)),
+            "predicted_drafted": s.predicted_drafted, "predicted_accepted": s.predicted_accepted,
             "finish_reason": record.finish, "completion_tokens": f.completion_tokens}
 
 
