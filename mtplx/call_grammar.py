@@ -70,11 +70,26 @@ def _json_call(i: int, name: str, schema: dict) -> list[str]:
 def _xml_call(i: int, name: str, schema: dict) -> list[str]:
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     keys = [k for k in properties if isinstance(k, str) and k and not any(c in k for c in "> \t\n")]
-    # An enforced schema lists what a call may hold, unless it lets other keys in.
-    closed = keys and schema.get("additionalProperties") in (None, False)
-    key = " | ".join(_literal(k) for k in keys) if closed else "ANY_KEY"
-    return [f"call_{i}: {_literal(f'<function={name}>' + chr(10))} param_{i}* {_literal('</function>')}",
-            f"param_{i}: {_literal('<parameter=')} ({key}) {_literal('>' + chr(10))} value {_literal(chr(10))}"]
+    head, tail = _literal(f"<function={name}>" + chr(10)), _literal("</function>")
+    # An enforced schema lists what a call may hold, unless it lets other keys in: then each of its
+    # parameters comes at most once, in the schema's order (as llguidance orders a JSON object's
+    # properties), the required ones always. A value is text; one the schema types otherwise
+    # (integer, boolean, object, ...) is JSON of its own schema, as the parser reads it
+    # (tool_formats._xml_arguments).
+    if not keys or schema.get("additionalProperties") not in (None, False):
+        return [f"call_{i}: {head} param_{i}* {tail}",
+                f"param_{i}: {_literal('<parameter=')} ANY_KEY {_literal('>' + chr(10))} value {_literal(chr(10))}"]
+    required = set(schema.get("required") or ()) if isinstance(schema.get("required"), list) else set()
+    rules, params = [], []
+    for j, key in enumerate(keys):
+        spec = properties[key] if isinstance(properties[key], dict) else {}
+        value = "value"
+        if spec.get("type") not in (None, "string"):
+            rules.append(f"json_{i}_{j}: %json {json.dumps(spec | {'x-guidance': JSON_OPTIONS}, ensure_ascii=False)}")
+            value = f'json_{i}_{j} "\\n</parameter>"'
+        rules.append(f"param_{i}_{j}: {_literal(f'<parameter={key}>' + chr(10))} {value} {_literal(chr(10))}")
+        params.append(f"param_{i}_{j}" + ("" if key in required else "?"))
+    return [f"call_{i}: {head} {' '.join(params)} {tail}"] + rules
 
 
 def _literal(text: str) -> str:

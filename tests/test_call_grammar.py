@@ -14,6 +14,8 @@ WRITE = {"type": "function", "function": {"name": "write", "description": "Write
     "required": ["path", "content"], "additionalProperties": False}}}
 OPEN = {"type": "function", "function": {"name": "open_path", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False}}}
+LINE = {"type": "function", "function": {"name": "goto", "parameters": {
+    "type": "object", "properties": {"line": {"type": "integer"}}, "additionalProperties": False}}}
 LIST = {"type": "function", "function": {"name": "list_dir", "parameters": {"type": "object"}}}
 
 
@@ -38,11 +40,17 @@ def test_named_choice_leaves_one_alternative_and_unknown_bodies_get_none():
 
 
 def test_xml_keys_are_the_schemas_when_enforced_and_free_otherwise():
-    text = lark("xml", [WRITE, LIST], "<[6]>", enforced=["write"])
-    assert 'param_0: "<parameter=" ("path" | "content")' in text
-    assert 'param_1: "<parameter=" (ANY_KEY)' in text
+    text = lark("xml", [WRITE, LIST, LINE], "<[6]>", enforced=["write", "goto"])
+    # each parameter at most once, in the schema's order, the required ones always
+    assert 'call_0: "<function=write>\\n" param_0_0 param_0_1 "</function>"' in text
+    assert 'param_0_0: "<parameter=path>\\n" value "\\n"' in text
+    assert 'param_1: "<parameter=" ANY_KEY' in text
+    # a value the schema types as other than text is JSON of its own schema, then the closing tag
+    assert 'call_2: "<function=goto>\\n" param_2_0? "</function>"' in text
+    assert 'param_2_0: "<parameter=line>\\n" json_2_0 "\\n</parameter>"' in text
+    assert 'json_2_0: %json {"type": "integer"' in text
     assert "value[lazy]" in text
-    assert 'param_0: "<parameter=" (ANY_KEY)' in lark("xml", [WRITE], "<[6]>")  # not enforced
+    assert 'param_0: "<parameter=" ANY_KEY' in lark("xml", [WRITE], "<[6]>")  # not enforced
 
 
 # -- the matcher over the embedded tokenizer ---------------------------------------------------
@@ -54,10 +62,10 @@ def matcher_for(tokenizer):
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     close = tokenizer.convert_tokens_to_ids("</tool_call>")
 
-    def make(body: str, enforced=("write",), only=None):
+    def make(body: str, enforced=("write", "goto"), only=None):
         import llguidance
 
-        grammar = Grammar.from_lark(lark(body, [WRITE, LIST], f"<[{close}]>", enforced, only),
+        grammar = Grammar.from_lark(lark(body, [WRITE, LIST, LINE], f"<[{close}]>", enforced, only),
                                     ll_tokenizer(tokenizer, eos), eos)
         return llguidance.LLMatcher(grammar.tokenizer, grammar.text), close
 
@@ -93,6 +101,10 @@ def test_json_calls_are_matched_to_the_tools(matcher_for, tokenizer, text, ok):
     ("\n<function=list_dir>\n<parameter=whatever>\n.\n</parameter>\n</function>\n", True),
     ("\n<function=writer>\n</function>\n", False),
     ("\n<function=write>\n<parameter=mode>\nw\n</parameter>\n</function>\n", False),  # not a key of write
+    ("\n<function=goto>\n<parameter=line>\n12\n</parameter>\n</function>\n", True),
+    ("\n<function=goto>\n<parameter=line>\ntwelve\n</parameter>\n</function>\n", False),  # an integer
+    ("\n<function=goto>\n<parameter=line>\n1\n</parameter>\n<parameter=line>\n2\n</parameter>\n</function>\n", False),
+    ("\n<function=write>\n<parameter=content>\nx\n</parameter>\n<parameter=path>\na\n</parameter>\n</function>\n", False),
 ])
 def test_xml_calls_are_matched_to_the_tools(matcher_for, tokenizer, text, ok):
     matcher, close = matcher_for("xml")

@@ -193,3 +193,28 @@ def test_every_route_maps_a_model_format_call_to_its_tool_call_shape():
                 "function", {})] == ["read_file"]
     message = anthropic_map.message("m", fin, Signer(b"k" * 32))
     assert [b["name"] for b in message["content"] if b["type"] == "tool_use"] == ["read_file"]
+
+
+def test_qwen35_forced_call_is_held_to_the_xml_grammar(qwen35):
+    """On a model whose template writes Qwen3.5 XML calls (its weights were trained on JSON calls, so
+    free it does not write this format), `tool_choice: required` holds the call to the declared
+    function, its parameters (each once, in the schema's order) and, for a typed parameter, a JSON
+    value of its type (mtplx/call_grammar.py's XML body); the reply parses into that one call."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.server.app import create_app
+
+    goto = [{"type": "function", "function": {"name": "goto_line", "parameters": {
+        "type": "object", "properties": {"line": {"type": "integer"}}, "required": ["line"],
+        "additionalProperties": False}}}]
+    with TestClient(create_app(qwen35, "qwen3_5")) as client:
+        r = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Go to line 12 of src/a.py."}], "tools": goto,
+            "tool_choice": "required", "max_tokens": 200, "temperature": 0, "enable_thinking": False})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert r.json()["choices"][0]["finish_reason"] == "tool_calls", message
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "goto_line"
+    args = json.loads(call["function"]["arguments"])
+    assert set(args) == {"line"} and isinstance(args["line"], int)
