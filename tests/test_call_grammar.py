@@ -145,6 +145,10 @@ def test_a_forced_call_names_a_declared_tool_with_valid_arguments_mtp_equal_to_a
 
     ar, mtp = run(False, True), run(True, True)
     assert ar.token_ids == mtp.token_ids and mtp.stats.verify_calls > 0
+    together = [engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=160), use_mtp=True, depth=3,
+                                                tool_rule=rules.rule(choice, False), call_rule=rules.call_rule(call)))
+                for _ in range(2)]  # submitted together: the scheduler batches rows that decode at once
+    assert [s.result().token_ids for s in together] == [ar.token_ids] * 2
     made = _call_of(tokenizer, ar.token_ids, rules)
     assert made["name"] == "open_path"
     assert set(made["arguments"]) == {"path"} and isinstance(made["arguments"]["path"], str)
