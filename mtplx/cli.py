@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -242,6 +242,9 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="0 picks a free port (printed)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MTPLX_API_KEY", help="Required unless bound to loopback."),
+    cors_origin: Optional[List[str]] = typer.Option(None, "--cors-origin", metavar="ORIGIN", help="A web origin (https://app.example) "
+                                                    "whose pages may call the endpoint from a browser, besides this "
+                                                    "machine's (localhost, any port); repeatable; * for any."),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
     no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
     no_ssd: bool = typer.Option(False, "--no-ssd", help="Keep the session bank in RAM only."),
@@ -287,7 +290,8 @@ def serve(
     _mtp_notice(engine)
     typer.echo(f"mtplx serving {model} on {url_of(sock)}/v1", err=True)
     try:
-        received = serve_forever(create_app(engine, model, api_key), sock, engine.cancel_all)
+        received = serve_forever(create_app(engine, model, api_key, cors_origins=tuple(cors_origin or ())), sock,
+                                 engine.cancel_all)
     finally:
         engine.stop()
     if received:

@@ -449,3 +449,34 @@ def test_an_api_key_is_asked_of_every_route_but_health(server):
             assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", headers
         assert app.get("/v1/models", headers={"authorization": "Bearer sekret"}).status_code == 200
         assert app.get("/v1/models", headers={"x-api-key": "sekret"}).status_code == 200
+
+
+def test_browser_pages_of_this_machine_may_call_the_endpoint_and_others_only_when_named(server):
+    """CORS: a page served from localhost (any port) passes the preflight and reads the answer;
+    another site's page does not, unless --cors-origin names it (or `*`). The preflight is answered
+    before the API key check (browsers send it without credentials); the request itself still
+    needs the key."""
+    from fastapi.testclient import TestClient
+
+    def preflight(app, origin):
+        return app.options("/v1/chat/completions", headers={
+            "origin": origin, "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type"})
+
+    with TestClient(create_app(server[1], "tiny-dense", api_key="sekret")) as app:
+        for origin in ("http://localhost:3000", "http://127.0.0.1:5173", "https://localhost", "http://[::1]:8000"):
+            r = preflight(app, origin)
+            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin, origin
+        for origin in ("https://evil.example", "http://localhost.evil.example", "http://127.0.0.1.evil.example:80"):
+            r = preflight(app, origin)
+            assert r.status_code == 400 and "access-control-allow-origin" not in r.headers, origin
+        keyed = app.get("/v1/models", headers={"origin": "http://localhost:3000", "authorization": "Bearer sekret"})
+        assert keyed.status_code == 200 and keyed.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert app.get("/v1/models", headers={"origin": "http://localhost:3000"}).status_code == 401
+        assert "access-control-allow-origin" not in app.get("/v1/models", headers={
+            "origin": "https://evil.example", "authorization": "Bearer sekret"}).headers
+    with TestClient(create_app(server[1], "tiny-dense", cors_origins=("https://app.example",))) as app:
+        assert preflight(app, "https://app.example").status_code == 200
+        assert preflight(app, "https://app.example.evil").status_code == 400
+    with TestClient(create_app(server[1], "tiny-dense", cors_origins=("*",))) as app:
+        assert preflight(app, "https://anywhere.example").status_code == 200

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from mtplx.bank.watch import BankWatch
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
-from mtplx.server import anthropic_map, completion_prompt, openai_response, output_format, responses
+from mtplx.server import anthropic_map, completion_prompt, cors, openai_response, output_format, responses
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
@@ -49,7 +49,8 @@ def _event_sse(name: str, data: dict) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def create_app(engine, model_name: str, api_key: str | None = None, defaults: SamplingParams = DEFAULTS) -> FastAPI:
+def create_app(engine, model_name: str, api_key: str | None = None, defaults: SamplingParams = DEFAULTS,
+               cors_origins: tuple[str, ...] = ()) -> FastAPI:
     app = FastAPI(title="mtplx", docs_url=None, redoc_url=None, openapi_url=None)
     tokenizer = engine.checkpoint.tokenizer
     # The checkpoint's generation_config.json sampling stands in for ours; a request's own values still win.
@@ -96,6 +97,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         return shaped(request, ApiError(500, f"internal server error (request id {rid}){detail}", None, "server_error", rid))
 
     app.add_middleware(Guard, api_key=api_key, metrics=metrics, router=app.router)
+    cors.install(app, cors_origins)  # outermost: a browser's preflight is answered before the key check
 
     async def body_of(request: Request) -> tuple[bytes, dict]:
         raw = await read_body(request)
