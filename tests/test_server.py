@@ -480,3 +480,44 @@ def test_browser_pages_of_this_machine_may_call_the_endpoint_and_others_only_whe
         assert preflight(app, "https://app.example.evil").status_code == 400
     with TestClient(create_app(server[1], "tiny-dense", cors_origins=("*",))) as app:
         assert preflight(app, "https://anywhere.example").status_code == 200
+
+
+def test_n_choices_are_turns_of_their_own_in_one_completion(server, client):
+    """Chat's `n`: one completion with a choice per turn, decoded together. Seeded, choice i draws
+    with seed + i (the choices differ and each repeats); greedy, every choice is the one greedy
+    reply; streamed, each chunk names its choice and the text per choice equals the whole answer's;
+    usage counts the prompt once and every choice's reply tokens."""
+    def text(message) -> str:
+        return (message.content or "") + (message.model_extra.get("reasoning_content") or "")
+
+    asked = dict(model="tiny-dense", messages=ask("Name a file in the repo."), max_tokens=12)
+    drawn = client.chat.completions.create(**asked, n=3, temperature=1.0, seed=5)
+    assert [c.index for c in drawn.choices] == [0, 1, 2]
+    assert len({text(c.message) for c in drawn.choices}) > 1
+    again = client.chat.completions.create(**asked, n=3, temperature=1.0, seed=5)
+    assert [text(c.message) for c in again.choices] == [text(c.message) for c in drawn.choices]
+    one = client.chat.completions.create(**asked, temperature=1.0, seed=6)  # choice 1 alone: seed + 1
+    assert text(one.choices[0].message) == text(drawn.choices[1].message)
+    assert drawn.usage.prompt_tokens == one.usage.prompt_tokens
+    assert drawn.usage.completion_tokens == 36  # three replies of max_tokens each (12 tokens, cut by length)
+    assert all(c.finish_reason == "length" for c in drawn.choices)
+
+    greedy = client.chat.completions.create(**asked, n=2, temperature=0)
+    alone = client.chat.completions.create(**asked, temperature=0)
+    assert [text(c.message) for c in greedy.choices] == [text(alone.choices[0].message)] * 2
+    assert greedy.usage.completion_tokens == 2 * alone.usage.completion_tokens
+
+    streamed, usage = {}, None
+    for chunk in client.chat.completions.create(**asked, n=3, temperature=1.0, seed=5, stream=True,
+                                                stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "") + \
+                (c.delta.model_extra.get("reasoning_content") or "")
+        usage = chunk.usage or usage
+    assert [streamed[i] for i in range(3)] == [text(c.message) for c in drawn.choices]
+    assert usage.completion_tokens == drawn.usage.completion_tokens
+
+    for body, route in (({"messages": ask(), "n": 17}, "/v1/chat/completions"), ({"messages": ask(), "n": 0}, "/v1/chat/completions"),
+                        ({"prompt": "x", "n": 2}, "/v1/completions")):
+        r = httpx.post(server[0] + route, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", body

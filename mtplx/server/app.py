@@ -35,7 +35,7 @@ from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
 from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from, stream_flag
-from mtplx.server.turns import budget_headers, encoded, events, session_from, submit
+from mtplx.server.turns import Choices, budget_headers, encoded, events, session_from, submit, submit_choices
 
 log = logging.getLogger("mtplx.server")
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
@@ -179,14 +179,27 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         raw, body = await body_of(request)
         call = parse_chat(body, defaults, limit())
         prompt = await encoded(engine, cache, call, "chat", raw, rules)
-        sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         logprobs = call.sampling.logprobs is not None
+        if call.n > 1:
+            return await _chosen(request, call, submit_choices(engine, call, prompt, "api", session_from(
+                request.headers, body, call), raw, rules), logprobs)
+        sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         if not call.stream:  # the engine split the reply in the model's tool-call format (Finished.pieces)
             return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, logprobs), request,
                                 budget_headers(call, sub))
         chunks = openai_response.ChatStream(model_name, logprobs)
         return _streamed(request, sub, _openai_sse(sub, chunks, call.include_usage, chunks.first()),
                          budget_headers(call, sub))
+
+    async def _chosen(request: Request, call, subs: list, logprobs: bool):
+        """Chat's `n` choices: one completion whose choices are the turns, in order."""
+        group, headers = Choices(subs), budget_headers(call, subs[0])
+        if not call.stream:
+            return await _whole(group, lambda fins: openai_response.completions(model_name, fins, logprobs), request,
+                                headers)
+        first = openai_response.ChatStream(model_name, logprobs)
+        streams = [first] + [openai_response.ChatStream(model_name, logprobs, i, first) for i in range(1, len(subs))]
+        return _streamed(request, group, _choices_sse(subs, streams, call.include_usage), headers)
 
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
@@ -349,6 +362,47 @@ async def _openai_sse(sub, chunks, include_usage: bool, first: dict | None = Non
     yield _sse("[DONE]")
 
 
+async def _choices_sse(subs: list, streams: list, include_usage: bool):
+    """Chat's `n` choices streamed as one completion: each choice's chunks carry its index, as its
+    tokens come (the choices decode together), then one usage for all of them when asked."""
+    arrived: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, sub) -> None:
+        try:
+            async for event in events(sub):
+                await arrived.put((i, event))
+        finally:
+            await arrived.put((i, None))
+
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(subs)]
+    fins: list = [None] * len(subs)
+    try:
+        for stream in streams:
+            yield _sse(stream.first())
+        running = len(subs)
+        while running:
+            i, event = await arrived.get()
+            if event is None:
+                running -= 1
+            elif isinstance(event, PrefillProgress) and i == 0:
+                yield b": prefill\n\n"
+            elif isinstance(event, Tokens):
+                for c in streams[i].tokens(event):
+                    yield _sse(c)
+            elif isinstance(event, Finished):
+                fins[i] = event
+                for c in streams[i].finish(event, False):
+                    yield _sse(c)
+            elif isinstance(event, Failed):
+                yield _sse(_failure(event).body())
+        if include_usage and all(fins):
+            yield _sse(streams[0].usage_chunk(fins))
+    finally:
+        for task in pumps:
+            task.cancel()
+    yield _sse("[DONE]")
+
+
 def _no_response(response_id: str) -> ApiError:
     return ApiError(404, f"response {response_id!r} is not kept by this server (unknown, deleted, sent with "
                          "store: false, or past the most recently used it keeps)", None, "invalid_request_error",
@@ -412,20 +466,26 @@ class Guard:
 
 
 async def _whole(sub, build, request: Request, headers: dict | None = None):
-    """Run a non-streamed turn to the end; a client that goes away cancels it."""
+    """Run a non-streamed turn to the end; a client that goes away cancels it. A Choices group
+    (chat's `n`) runs every choice and builds from the list of their Finished events."""
 
     watcher = asyncio.create_task(_cancel_on_disconnect(request, sub))
-    fin = None
     try:
-        async for event in events(sub):
-            if isinstance(event, Finished):
-                fin = event
-            elif isinstance(event, Failed):
-                raise _failure(event)
+        fins = await asyncio.gather(*(_finished(s) for s in getattr(sub, "subs", [sub])))
     finally:
         watcher.cancel()
     # off the event loop: a build may write a store (the Responses route's conversation)
-    return JSONResponse(await asyncio.to_thread(build, fin), headers=headers)
+    return JSONResponse(await asyncio.to_thread(build, fins if isinstance(sub, Choices) else fins[0]), headers=headers)
+
+
+async def _finished(sub) -> Finished | None:
+    fin = None
+    async for event in events(sub):
+        if isinstance(event, Finished):
+            fin = event
+        elif isinstance(event, Failed):
+            raise _failure(event)
+    return fin
 
 
 def serve_forever(app: FastAPI, sock, on_signal=lambda: None) -> list[int]:

@@ -39,6 +39,7 @@ class ChatCall:
     prediction: str | None = None  # the predicted output's text (engine/prediction.py: drafts, never output)
     prediction_ids: tuple[int, ...] = ()  # ... as token ids, when the call is encoded
     strict_tools: tuple[str, ...] = ()  # tools whose calls must follow their schema (`strict: true`)
+    n: int = 1  # choices asked for (chat's `n`): that many turns of the same prompt, decoded together
     call_grammar: object = None  # a tool call's body held to the tools (ToolRules.compile), when encoded
 
 
@@ -206,14 +207,25 @@ def _number(body: dict, name: str, kind=float, default=None):
     return value
 
 
-def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> SamplingParams:
+MOST_CHOICES = 16  # chat's `n`: each choice is a turn of its own (its prefill too), decoded in one batch
+
+
+def choices(body: dict) -> int:
+    n = _number(body, "n", int, 1)
+    if not 1 <= n <= MOST_CHOICES:
+        raise bad_request(f"n must be an integer in 1..{MOST_CHOICES}, got {n}", "n")
+    return n
+
+
+def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int, several: bool = False) -> SamplingParams:
+    """`several`: the route takes `n` (checked by `choices`); elsewhere n must be 1."""
     for key, what in UNSUPPORTED.items():
         if body.get(key) not in (None, False, {}, {"type": "text"}):
             raise bad_request(f"{what} is not supported by this server", key)
     if body.get("web_search_options") is not None:  # even {} asks for a search this server cannot make
         raise bad_request("web_search_options (web search) is not supported by this server", "web_search_options")
-    if _number(body, "n", int, 1) != 1:
-        raise bad_request("n must be 1", "n")
+    if not several and _number(body, "n", int, 1) != 1:
+        raise bad_request("n must be 1 on this route (chat completions take more)", "n")
     # A large max_tokens is a client default, capped to the window once the prompt is known
     # (server/context.py); only a non-positive or absurd value is refused here.
     max_tokens = check_max_tokens(body.get("max_completion_tokens"), "max_completion_tokens")
@@ -294,11 +306,12 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     start = None
     if flag(body, "continue_final_message"):  # vLLM's extension: the reply continues the last assistant turn
         messages, start, thinking = prefill.split(messages, thinking)
-    return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit), stream,
+    return ChatCall(messages, tools, sampling_from(body, defaults, max_tokens_limit, several=True), stream,
                     bool(options.get("include_usage")), thinking,
                     from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")),
                     output_format.from_openai(body.get("response_format")), prefill=start,
-                    prediction=_prediction(body.get("prediction")), strict_tools=strict_names(body.get("tools")))
+                    prediction=_prediction(body.get("prediction")), strict_tools=strict_names(body.get("tools")),
+                    n=choices(body))
 
 
 def _prediction(value) -> str | None:

@@ -52,10 +52,12 @@ def finish_reason(fin: Finished, tool_calls: int) -> str:
 class ChatStream:
     """Builds chunks for one streamed chat completion."""
 
-    def __init__(self, model: str, logprobs: bool = False):
-        self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.model = model
+    def __init__(self, model: str, logprobs: bool = False, index: int = 0, of: "ChatStream | None" = None):
+        """`index`: the choice this stream carries; `of`: the first choice's stream, whose id and
+        time every choice of one completion shares (chat's `n`)."""
+        self.id = of.id if of is not None else "chatcmpl-" + uuid.uuid4().hex[:24]
+        self.created = of.created if of is not None else int(time.time())
+        self.model, self.index = model, index
         self.calls = 0
         self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
         # Log-probabilities of content tokens not yet sent: they ride on the next content chunk
@@ -67,7 +69,7 @@ class ChatStream:
         if self.logprobs and ("content" in delta or finish is not None):
             logprobs, self.logprobs = {"content": token_logprobs(self.logprobs), "refusal": None}, []
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+                "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
     def first(self) -> dict:
         return self._chunk({"role": "assistant", "content": ""})
@@ -96,13 +98,38 @@ class ChatStream:
         out = self._pieces(fin.pieces[self.fed:])
         out.append(self._chunk({}, finish_reason(fin, self.calls)))
         if include_usage:
-            out.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                        "choices": [], "usage": usage(fin)})
+            out.append(self.usage_chunk([fin]))
         return out
+
+    def usage_chunk(self, fins: list[Finished]) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage_of(fins)}
+
+
+def usage_of(fins: list[Finished]) -> dict:
+    """One usage for a completion's choices: the prompt counted once (every choice had the same),
+    the reply tokens of all of them."""
+    out = usage(fins[0])
+    if len(fins) > 1:
+        out["completion_tokens"] = sum(f.completion_tokens for f in fins)
+        out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+        out["completion_tokens_details"]["reasoning_tokens"] = sum(
+            f.stats.tokens_by_segment.get("reasoning", 0) for f in fins)
+    return out
 
 
 def completion(model: str, fin: Finished, logprobs: bool = False) -> dict:
     """A whole (non-streamed) chat completion."""
+    return completions(model, [fin], logprobs)
+
+
+def completions(model: str, fins: list[Finished], logprobs: bool = False) -> dict:
+    """A whole chat completion of one choice per Finished, in order (chat's `n`)."""
+    return {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [_choice(i, fin, logprobs) for i, fin in enumerate(fins)], "usage": usage_of(fins)}
+
+
+def _choice(index: int, fin: Finished, logprobs: bool) -> dict:
     pieces = fin.pieces
     content = "".join(p.text for p in pieces if p.kind == "content")
     reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
@@ -113,12 +140,9 @@ def completion(model: str, fin: Finished, logprobs: bool = False) -> dict:
         message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = calls
-    return {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": message,
-                                         "logprobs": {"content": token_logprobs(fin.logprobs), "refusal": None}
-                                         if logprobs else None,
-                                         "finish_reason": finish_reason(fin, len(calls))}],
-            "usage": usage(fin)}
+    return {"index": index, "message": message,
+            "logprobs": {"content": token_logprobs(fin.logprobs), "refusal": None} if logprobs else None,
+            "finish_reason": finish_reason(fin, len(calls))}
 
 
 def text_completion(model: str, fin: Finished, logprobs: bool = False, echo: str = "") -> dict:

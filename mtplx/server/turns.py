@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import queue
+from dataclasses import replace
 from typing import AsyncIterator
 
 from mtplx.chat import chat_request, render, with_prefill
@@ -154,6 +155,31 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
     except EngineStopped as exc:  # stopping, or the engine thread died: the client may retry elsewhere
         raise ApiError(503, str(exc), None, "server_error", "engine_unavailable") from None
     return sub
+
+
+class Choices:
+    """The turns of chat's `n` choices as one submission: a client that goes away cancels them all."""
+
+    def __init__(self, subs: list):
+        self.subs = subs
+        self.request = subs[0].request  # what every choice runs under (max_tokens capped alike)
+
+    def cancel(self) -> None:
+        for sub in self.subs:
+            sub.cancel()
+
+
+def submit_choices(engine, call: ChatCall, prompt: list[int], source: str, session: str | None, raw: bytes | None,
+                   rules: ToolRules | None) -> list:
+    """A turn per choice, each with rules of its own (a schema's or a call's matcher holds state).
+    Seeded, choice i draws with seed + i, so the choices differ and each repeats. The session goes
+    with the first choice only: the bank keeps one reply as the conversation's continuation."""
+    subs = []
+    for i in range(call.n):
+        sampling = call.sampling if call.sampling.seed is None else replace(call.sampling, seed=(call.sampling.seed + i) % 2**64)
+        subs.append(submit(engine, replace(call, sampling=sampling), prompt, source, session if i == 0 else None, raw,
+                           rules))
+    return subs
 
 
 async def events(submission) -> AsyncIterator[EngineEvent]:
