@@ -167,7 +167,7 @@ BAD = [b"{not json", b"[]", b'"x"', b"42", b"null", b'{"messages": "hi"}', b'{"m
        b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
        b'{"messages": [{"role": "user", "content": "x"}], "temperature": Infinity}',
        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
-       b'{"messages": [{"role": "user", "content": "x"}], "n": 2}',
+       b'{"messages": [{"role": "user", "content": "x"}], "n": 17}',
        b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
        b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}',
        b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": 5}}',
@@ -265,7 +265,7 @@ def test_sdk_errors_are_clean(server, client):
         client.chat.completions.create(model="tiny-dense", messages=ask(), temperature=-1)
     assert "temperature" in str(info.value)
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tiny-dense", messages=ask(), n=2)
+        client.chat.completions.create(model="tiny-dense", messages=ask(), n=17)
     claude = anthropic.Anthropic(base_url=server[0], api_key="x", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as info:
         claude.messages.create(model="tiny-dense", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
