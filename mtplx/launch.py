@@ -56,9 +56,9 @@ def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank
         print(line, file=sys.stderr)
     if receipts:
         from mtplx.receipts.store import ReceiptStore
-        from mtplx.receipts.writer import ReceiptWriter
+        from mtplx.receipts.writer import WAIT_S, ReceiptWriter
 
-        engine.listeners.append(ReceiptWriter(ReceiptStore(), model, engine.checkpoint.identity))
+        engine.listeners.append(ReceiptWriter(ReceiptStore(busy_s=WAIT_S), model, engine.checkpoint.identity))
     return engine
 
 

@@ -171,3 +171,33 @@ def test_a_replay_completes_the_servers_row_instead_of_adding_one():
     # claimed once: a second turn of the same session finds no unclaimed row (its caller adds one)
     assert store.claim("run-s1", "2026-12-01T10:00:00.000+00:00", fields) is None
     assert store.claim("other-s1", "2026-12-01T09:00:00.000+00:00", fields) is None
+
+
+def test_a_lock_on_the_store_never_holds_the_engine_and_the_row_goes_in_once_it_is_free(tmp_path):
+    """Another process holding receipts.db (a shell, a second tool) used to keep the engine thread
+    in the store's 2 s busy wait at every turn's end, freezing every stream. The engine's writer
+    gives up after WAIT_S and holds the row; a retry thread puts it in once the lock is gone,
+    without waiting for another turn to end."""
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.events import Finished, Queued
+    from mtplx.receipts.writer import WAIT_S
+
+    path = tmp_path / "busy.db"
+    store = ReceiptStore(path, busy_s=WAIT_S)
+    writer = ReceiptWriter(store, "tiny-dense", "id")
+    request = GenerationRequest((1, 2, 3), session="s")
+    blocker = sqlite3.connect(str(path), isolation_level=None)
+    blocker.execute("begin exclusive")
+    ended = threading.Thread(target=lambda: (writer(Queued(request.request_id, 0, request)),
+                                             writer(Finished(request.request_id, "stop", 3, 1, 0, "hi", (7,)))))
+    ended.start()
+    ended.join(1.5)  # the default busy wait alone is 2 s
+    assert not ended.is_alive(), "the turn's end waited on the lock"
+    assert store.backlog and ReceiptStore(path).rows() == []
+    blocker.execute("rollback")
+    for _ in range(100):  # the retry thread, every RETRY_S; no other turn ends
+        if not store.backlog:
+            break
+        threading.Event().wait(0.05)
+    assert [r["session"] for r in ReceiptStore(path).rows()] == ["s"]
+    writer.close()

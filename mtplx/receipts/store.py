@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Callable
@@ -109,13 +110,16 @@ def _utc_now() -> str:
 
 
 class ReceiptStore:
-    def __init__(self, path: Path | str | None = None):
+    def __init__(self, path: Path | str | None = None, busy_s: float = 2.0):
+        """`busy_s`: how long a write waits for a lock another connection holds before its row is
+        held back (the engine's writer waits briefly: receipts/writer.py)."""
         if path is None:
             from mtplx.home import home_path
 
             path = home_path("receipts.db")
-        self.path = path
+        self.path, self.busy_s = path, busy_s
         self.writable = True
+        self._lock = threading.Lock()  # the backlog and the writes: a retry may run on another thread
         self.backlog: deque[dict] = deque()
         self.db: sqlite_utils.Database | None = None
         try:  # a damaged file is set aside and a new store started: the turns to come keep their receipts
@@ -126,11 +130,14 @@ class ReceiptStore:
             self._open_read_only(path)
 
     def _open(self, path) -> None:
-        conn = sqlite3.connect(str(path), timeout=2.0, check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(str(path), timeout=self.busy_s, check_same_thread=False, isolation_level=None)
         self.db = sqlite_utils.Database(conn)
         try:
             if str(path) != ":memory:":
                 self.db.enable_wal()
+                # In WAL mode a commit then waits for no fsync (0.36 -> 0.05 ms a row here); the
+                # file stays consistent, and a power cut loses at most the last rows.
+                conn.execute("pragma synchronous=normal")
             migrate(self.db)
         except sqlite3.Error as exc:
             if is_damaged(exc):
@@ -152,15 +159,20 @@ class ReceiptStore:
         """Insert one receipt (after any held back); never raises. Returns whether it is stored."""
         if not self.writable:
             return False
-        if len(self.backlog) >= BACKLOG:
-            dropped = self.backlog.popleft()
-            log.warning("receipt %s dropped: %d receipts wait for the disk already", dropped.get("id"), BACKLOG)
-        self.backlog.append(row)
-        return row.get("id") in self.flush()
+        with self._lock:
+            if len(self.backlog) >= BACKLOG:
+                dropped = self.backlog.popleft()
+                log.warning("receipt %s dropped: %d receipts wait for the disk already", dropped.get("id"), BACKLOG)
+            self.backlog.append(row)
+            return row.get("id") in self._flush()
 
     def flush(self) -> set:
         """Write the rows held back, oldest first; the ids written (what the disk refused stays
         in `backlog`)."""
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> set:
         stored = set()
         while self.backlog and self.writable:
             row = self.backlog[0]

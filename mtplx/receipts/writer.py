@@ -2,7 +2,9 @@
 
 It runs as an engine listener (on the engine thread), so it only collects; a row is written
 when its request ends. A store that cannot write holds the row back for a later write, or drops
-it with a log line (receipts/store.py).
+it with a log line (receipts/store.py). The engine thread never waits long on the disk: its store
+gives up on a lock after WAIT_S (another process holding receipts.db stalled every stream 2 s per
+finished request), and rows held back are retried from a thread of their own.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 from mtplx.events import EngineEvent, Failed, Finished, FirstToken, Queued, Restored, Tokens
 from mtplx.receipts.store import ReceiptStore
@@ -33,6 +36,8 @@ def receipt_id() -> str:
     return f"r{time.time_ns():019d}{os.urandom(3).hex()}"
 
 
+WAIT_S = 0.05  # the most a write on the engine thread waits for a lock on receipts.db
+RETRY_S = 0.5  # how often rows held back are tried again
 BODY_LIMIT = 256 * 1024  # characters of raw request kept; a longer one keeps its head and says so
 
 
@@ -51,17 +56,34 @@ class ReceiptWriter:
         self.keep_body = keep_body
         self.open: dict[str, dict] = {}
         self.lock = threading.Lock()
+        self._retrying: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def __call__(self, event: EngineEvent) -> None:
         with self.lock:
-            self._fold(event)
+            row = self._fold(event)
+        if row is not None and not self.store.add(row) and self.store.backlog and self.store.writable:
+            self._retry_later()
+
+    def _retry_later(self) -> None:
+        """Rows held back (a lock, a full disk) go in as soon as the store takes them, without
+        waiting for the next turn to end (a crash in between would lose them)."""
+        if self._retrying is not None and self._retrying.is_alive():
+            return
+
+        def retry():
+            while self.store.backlog and not self._closed.wait(RETRY_S):
+                self.store.flush()
+
+        self._retrying = threading.Thread(target=retry, name="mtplx-receipts-retry", daemon=True)
+        self._retrying.start()
 
     def close(self) -> None:
         """The engine stops: one last try at the receipts a full disk held back."""
-        with self.lock:
-            self.store.flush()
-            if self.store.backlog:
-                log.warning("%d receipts not stored: the disk still refuses them", len(self.store.backlog))
+        self._closed.set()
+        self.store.flush()
+        if self.store.backlog:
+            log.warning("%d receipts not stored: the disk still refuses them", len(self.store.backlog))
 
     def _body(self, request) -> str:
         """The request as its client sent it; for in-process callers (TUI chat, replay screen) that
@@ -74,23 +96,24 @@ class ReceiptWriter:
             return json.dumps({"prompt_tokens": len(request.prompt), "body": "not kept" if raw else "none"})
         return bounded_body(raw)
 
-    def _fold(self, event: EngineEvent) -> None:
+    def _fold(self, event: EngineEvent) -> dict | None:
+        """The row to write when `event` ends its request, else None."""
         rid = event.request_id
         if rid is None:
-            return
+            return None
         if isinstance(event, Queued):
             r = event.request
             if r is None or r.source == "render_ahead":
-                return
+                return None
             self.open[rid] = {"t0": event.t, "row": {
                 "id": receipt_id(), "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
                 "session": r.session, "source": r.source, "model": self.model, "model_identity": self.identity,
                 "arm": r.arm, "prompt_tokens": len(r.prompt), "request_id": rid, "request_json": self._body(r),
             }}
-            return
+            return None
         state = self.open.get(rid)
         if state is None:
-            return
+            return None
         row = state["row"]
         if isinstance(event, Restored):
             row.update(ceiling=event.ceiling, cached_tokens=event.cached_tokens, restore_source=event.source,
@@ -117,4 +140,5 @@ class ReceiptWriter:
                               if s.predicted_drafted else {}))
             else:
                 row.update(finish_reason="failed", shortfall=row.get("shortfall") or event.message)
-            self.store.add(row)
+            return row
+        return None
