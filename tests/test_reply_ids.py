@@ -129,6 +129,42 @@ def test_records_a_full_disk_refused_are_written_once_it_takes_them(tok, tmp_pat
     assert all(reply_key(r) in ReplyIds.of(fresh).records for r in replies)
 
 
+def test_a_lock_on_the_file_never_holds_the_engine_and_the_record_goes_in_later(tok, tmp_path):
+    """Records are written on the engine thread at each turn's end: another process holding the file
+    (a second server on the same home) is waited on for WRITE_WAIT_MS, not sqlite's 5 s, and the
+    refused record is written with the next one."""
+    import sqlite3
+    import threading
+
+    from transformers import AutoTokenizer
+
+    from mtplx.catalog import resolve
+
+    path = tmp_path / "replies.db"
+    store = ReplyIds.of(tok)
+    store.persist(path)
+    blocker = sqlite3.connect(str(path), isolation_level=None)
+    blocker.execute("begin exclusive")
+    replies = []
+
+    def record(i):
+        ids = _non_canonical(tok, f"Reply {i}. " + "word " * 40, "Done.")
+        replies.append({"role": "assistant", "content": tok.decode(ids)})
+        store.record(tok, replies[-1], ids)
+
+    ended = threading.Thread(target=record, args=(0,))
+    ended.start()
+    ended.join(2.5)  # sqlite's default busy wait alone is 5 s
+    assert not ended.is_alive(), "the record waited on the lock"
+    assert len(store.unsaved) == 1  # refused, still served from memory
+    blocker.execute("rollback")
+    record(1)
+    assert not store.unsaved
+    fresh = AutoTokenizer.from_pretrained(str(resolve("tiny-dense")))  # a new process
+    ReplyIds.of(fresh).persist(path)
+    assert all(reply_key(r) in ReplyIds.of(fresh).records for r in replies)
+
+
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
 def test_a_long_sampled_reply_sent_back_at_once_restores_whole_and_matches_cold(name):
     """Without any render-ahead (the client resends before idle time), the follow-up restores
