@@ -23,7 +23,7 @@ def load_settings() -> dict:
 def save_settings(settings: dict) -> None:
     """Written aside, then renamed: a full disk or a crash leaves the old file whole (and raises)."""
     path = _file()
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # this process's own: never a mix of two writers
     try:
         tmp.write_text(json.dumps(settings, indent=2, sort_keys=True))
         os.replace(tmp, path)

@@ -117,7 +117,9 @@ class DraftVocab:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
+            # a name of this process's own: two servers on one home learning the same model would
+            # otherwise write one temporary file at once and rename a mix of both into place
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(self.as_dict()))
             os.replace(tmp, self.path)
         except OSError as exc:
