@@ -177,14 +177,18 @@ def _window_notice(engine) -> None:
         typer.secho(f"notice: {notice}", fg="yellow", err=True)
 
 
+TUI_PORT = 8080  # the endpoint beside the workbench, unless taken (then any free port, said on screen)
+
+
 @app.command()
 def tui(
     model: str = typer.Option("tiny-dense", "--model", "-m", help=MODEL_HELP),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, max=4, help="MTP draft depth (default: tuned or 2)."),
     no_mtp: bool = typer.Option(False, "--no-mtp", help="Decode autoregressively."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
-    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port of the endpoint served alongside "
-                             "(127.0.0.1); 0 picks a free one (shown in the header)."),
+    port: Optional[int] = typer.Option(None, "--port", min=0, max=65535, help="Port of the endpoint served "
+                                       "alongside (127.0.0.1; default 8080, or a free one when 8080 is taken); 0 "
+                                       "picks a free one (shown in the header)."),
     no_serve: bool = typer.Option(False, "--no-serve", help="Do not serve the endpoint."),
     no_ssd: bool = typer.Option(False, "--no-ssd", help="Keep the session bank in RAM only."),
     bank_ram: Optional[str] = typer.Option(None, "--bank-ram", help=BANK_RAM_HELP),
@@ -210,8 +214,20 @@ def tui(
         return
     from mtplx.launch import open_engine
 
+    moved = None
     try:
-        sock = None if no_serve else _listen("127.0.0.1", port)  # a busy port fails before the model loads
+        if no_serve:
+            sock = None
+        elif port is None:  # the default: a first run must not fail because 8080 is some other server's
+            try:
+                sock = _listen("127.0.0.1", TUI_PORT)
+            except MtplxError as exc:
+                sock = _listen("127.0.0.1", 0)
+                from mtplx.server.listener import url_of
+
+                moved = f"{exc}. The endpoint serves on {url_of(sock)}/v1 instead."
+        else:
+            sock = _listen("127.0.0.1", port)  # a port asked for by name: busy fails before the model loads
         engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd, context_window=context_window,
                              max_batch=max_batch, **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
@@ -224,7 +240,8 @@ def tui(
             from mtplx.server.background import BackgroundServer
 
             server = BackgroundServer(create_app(engine, model), sock=sock).start()
-        workbench = MtplxApp(engine, model, max_tokens, server.url if server else None, replay_file=replay)
+        workbench = MtplxApp(engine, model, max_tokens, server.url if server else None, replay_file=replay,
+                             notice=moved)
         import signal
 
         # SIGTERM (a closed tmux pane, a service manager) quits like ctrl+q, so the bank is flushed.

@@ -757,3 +757,33 @@ def test_turn_numbers_show_a_predicted_outputs_drafts():
     assert "acceptance d1 9/10  d2 7/8  predicted 110/120\n" in numbers(row | {"predicted_drafted": 120,
                                                                                 "predicted_accepted": 110})
     assert "acceptance predicted 30/32\n" in numbers({"predicted_drafted": 32, "predicted_accepted": 30})
+
+
+def test_a_taken_default_port_moves_the_endpoint_and_says_so(monkeypatch):
+    """`mtplx tui` on a machine where 8080 is another server's (a first run's common case) starts
+    anyway, serving on a free port and saying where; a port asked for by name still fails."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    import tui.app
+    from mtplx.cli import TUI_PORT, app
+
+    seen = {}
+    monkeypatch.setattr(tui.app.MtplxApp, "run", lambda self: seen.update(url=self.server_url, notice=self.notice))
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", TUI_PORT))
+        holder.listen()
+    except OSError:
+        pass  # taken already: the case under test all the same
+    try:
+        result = CliRunner().invoke(app, ["tui", "--no-ssd"])
+        assert result.exit_code == 0, result.output
+        assert seen["url"].startswith("http://127.0.0.1:") and not seen["url"].endswith(f":{TUI_PORT}")
+        assert f"port {TUI_PORT}" in seen["notice"] and seen["url"] in seen["notice"]
+        named = CliRunner().invoke(app, ["tui", "--no-ssd", "--port", str(TUI_PORT)])
+        assert named.exit_code == 2 and "in use" in named.output
+    finally:
+        holder.close()

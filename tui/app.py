@@ -45,11 +45,12 @@ class MtplxApp(App):
 
     def __init__(self, engine=None, model_name: str = "", max_tokens: int = 256, server_url: str | None = None,
                  attach_url: str | None = None, receipts_store=None, api_key: str | None = None,
-                 reconnect_s: float = 1.0, replay_file: Path | None = None):
+                 reconnect_s: float = 1.0, replay_file: Path | None = None, notice: str | None = None):
+        """`notice`: a line shown once the screen is up (the endpoint moved off a taken port)."""
         super().__init__()
         self.engine, self.model_name, self.max_tokens = engine, model_name, max_tokens
         self.server_url, self.attach_url, self.receipts_store = server_url, attach_url, receipts_store
-        self.api_key, self.reconnect_s, self.replay_file = api_key, reconnect_s, replay_file
+        self.api_key, self.reconnect_s, self.replay_file, self.notice = api_key, reconnect_s, replay_file, notice
         self.watch = None
         self._ssd_warned = False
         self._ssd_skip_warned = False
@@ -69,6 +70,8 @@ class MtplxApp(App):
             self.follow()
         if self.replay_file is not None:
             self.action_replay()
+        if self.notice:
+            self.notify(self.notice, title="Port taken", severity="warning", timeout=15)
 
     def _from_engine(self, event) -> None:  # called on the engine thread: only hand over
         self.post_message(EngineEventArrived(event))

@@ -59,7 +59,6 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     cache = EncodeCache(engine.checkpoint.identity, tokenizer.chat_template or "")
     metrics = Metrics(getattr(engine, "layout", None))
     engine.listeners.append(metrics.observe)
-    subscribers: set[asyncio.Queue] = set()
     app.state.metrics, app.state.encode_cache = metrics, cache
     recorder = Recorder.from_env()
     rules = ToolRules(tokenizer, engine.eos_ids, getattr(engine.checkpoint, "tool_format", None))
