@@ -17,7 +17,6 @@ import json
 from dataclasses import dataclass, replace
 
 from mtplx import call_grammar
-
 from mtplx.engine.tool_rule import ToolRule
 from mtplx.server.api_error import bad_request
 from mtplx.vocab import token_id
@@ -150,9 +149,9 @@ class ToolRules:
 
         tokenizer = ll_tokenizer(self.tokenizer, self.eos_ids)
         # All schemas first; then only those that compile alone; then none (any JSON arguments).
-        tries = (list(enforced), lambda: [n for n in enforced if self._takes(tools, n, tokenizer)], [])
-        for kept in tries:
-            kept = kept() if callable(kept) else kept
+        for kept in (list(enforced), None, []):
+            if kept is None:
+                kept = [name for name in enforced if self._takes(tools, name, tokenizer)]
             text = call_grammar.lark(self.format.body, tools, f"<[{self.close}]>", kept, only)
             if text is None:
                 return None
