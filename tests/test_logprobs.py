@@ -105,7 +105,41 @@ def test_bad_logprobs_requests_are_400s(url, body):
     assert r.status_code == 400, r.text
 
 
-@pytest.mark.parametrize("extra", [{"top_logprobs": 3}, {"include": ["message.output_text.logprobs"]}])
-def test_responses_refuse_log_probabilities_instead_of_dropping_them(url, extra):
+def test_responses_log_probabilities_streamed_and_not(url):
+    """Responses (`include: ["message.output_text.logprobs"]` and/or `top_logprobs`): the output
+    text part holds its tokens' entries, each text delta those of its own text, and the done event
+    all of them, with the OpenAI SDK's strict validation; asked for nothing, every list is empty.
+    They equal chat's for the same turn."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
+    ask = dict(model="tiny-dense", input="Explain what src/app.py does", max_output_tokens=30, temperature=0,
+               reasoning={"effort": "none"})
+    whole = client.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=2)
+    (part,) = [c for item in whole.output if item.type == "message" for c in item.content]
+    assert "".join(lp.token for lp in part.logprobs) == part.text and part.text
+    assert all(len(lp.top_logprobs) == 2 and lp.top_logprobs[0].token == lp.token for lp in part.logprobs)
+    chat = client.chat.completions.create(model="tiny-dense", messages=[{"role": "user", "content": ask["input"]}],
+                                          max_tokens=30, temperature=0, logprobs=True, top_logprobs=2,
+                                          extra_body={"enable_thinking": False})
+    assert [(c.token, c.logprob) for c in chat.choices[0].logprobs.content] == [(lp.token, lp.logprob) for lp in part.logprobs]
+    deltas, done = [], None
+    with client.responses.stream(**ask, top_logprobs=2) as stream:  # top_logprobs alone asks too
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                assert "".join(lp.token for lp in event.logprobs) == event.delta
+                deltas += event.logprobs
+            elif event.type == "response.output_text.done":
+                done = event
+    assert [(lp.token, lp.logprob) for lp in deltas] == [(lp.token, lp.logprob) for lp in part.logprobs]
+    assert [(lp.token, lp.logprob) for lp in done.logprobs] == [(lp.token, lp.logprob) for lp in part.logprobs]
+    plain = client.responses.create(**ask)
+    assert all(not c.logprobs for item in plain.output if item.type == "message" for c in item.content)
+    with client.responses.stream(**ask) as stream:
+        assert all(e.logprobs == [] for e in stream if e.type in ("response.output_text.delta", "response.output_text.done"))
+
+
+@pytest.mark.parametrize("extra", [{"top_logprobs": 21}, {"top_logprobs": "3"}, {"include": "message.output_text.logprobs"}])
+def test_bad_responses_log_probabilities_are_400s(url, extra):
     r = httpx.post(url + "/v1/responses", json={"input": "x", "max_output_tokens": 2, **extra}, timeout=60)
-    assert r.status_code == 400 and "log-probabilities" in r.json()["error"]["message"]
+    assert r.status_code == 400, r.text

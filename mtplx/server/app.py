@@ -228,7 +228,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = responses.parse_response_call(body, defaults, limit(), response_store, signer)
         prompt = await encoded(engine, cache, call, "responses", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
-        built = responses.ResponseStream(model_name, body, signer)
+        built = responses.ResponseStream(model_name, body, signer, logprobs=call.sampling.logprobs is not None)
 
         def keep(fin):  # what a follow-up naming this response renders as its history, and the response
             if body.get("store") is not False:

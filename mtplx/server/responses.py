@@ -23,6 +23,7 @@ from mtplx.server.api_error import bad_request
 from mtplx.server.context import check_max_tokens
 from mtplx.server.media import OPENAI_MEDIA, placeholder
 from mtplx.server.openai_request import ChatCall, _check_text, check_schema, flag, sampling_from, stream_flag, strict_names
+from mtplx.server.openai_response import token_logprobs
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
@@ -124,6 +125,14 @@ def to_tools(raw) -> list[dict] | None:
     return tools or None
 
 
+def logprobs_asked(body: dict) -> bool:
+    """OpenAI's Responses: `include: ["message.output_text.logprobs"]`, or `top_logprobs` > 0."""
+    include = body.get("include")
+    if include is not None and not (isinstance(include, list) and all(isinstance(x, str) for x in include)):
+        raise bad_request("include must be a list of strings", "include")
+    return "message.output_text.logprobs" in (include or ()) or bool(body.get("top_logprobs"))
+
+
 def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store: ResponseStore,
                         signer: Signer | None = None) -> ChatCall:
     previous = body.get("previous_response_id")
@@ -133,13 +142,11 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
         raise bad_request("background responses are not supported; stream the response instead", "background")
     flag(body, "store", default=True)  # checked here; read where the response is kept (app.py)
     schema = output_format.from_responses(body.get("text"))
-    include = body.get("include") if isinstance(body.get("include"), list) else []
-    if body.get("top_logprobs") or "message.output_text.logprobs" in include:  # never dropped silently
-        raise bad_request("log-probabilities are not supported on /v1/responses (they are on /v1/chat/completions)",
-                          "top_logprobs" if body.get("top_logprobs") else "include")
     messages = to_messages(body, store.get(previous) if previous else [], signer)
     tools = to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
+    if logprobs_asked(body):  # the output text's tokens with `top_logprobs` alternatives each (0-20)
+        mapped |= {"logprobs": True, "top_logprobs": body.get("top_logprobs") or 0}
     if body.get("max_output_tokens") is not None:  # checked under its own name
         mapped["max_tokens"] = check_max_tokens(body["max_output_tokens"], "max_output_tokens")
     stream = stream_flag(body)
@@ -180,8 +187,12 @@ def output_messages(output: list[dict]) -> list[dict]:
 class ResponseStream:
     """Builds the Responses API objects and stream events of one response."""
 
-    def __init__(self, model: str, body: dict, signer: Signer | None = None):
+    def __init__(self, model: str, body: dict, signer: Signer | None = None, logprobs: bool = False):
+        """`logprobs`: the request asked for the output text's log-probabilities: each text delta
+        carries its tokens' entries and the text part all of them (else the lists are empty)."""
         self.signer = signer
+        self.pending: list | None = [] if logprobs else None  # content tokens' entries not yet on a delta
+        self.entries = 0  # entries the Tokens events carried (Finished.logprobs holds these and the rest)
         self.id = "resp_" + uuid.uuid4().hex[:24]
         self.model, self.created, self.body = model, int(time.time()), body
         self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
@@ -216,7 +227,11 @@ class ResponseStream:
         out = []
         if item["type"] == "message":
             part = item["content"][0]
-            out += [self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=part["text"]),
+            if self.pending:  # entries of text never shown (blank text at the end): on the part they came with
+                part["logprobs"] += token_logprobs(self.pending)
+                self.pending.clear()
+            out += [self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                                text=part["text"], logprobs=part.get("logprobs", [])),
                     self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)]
         elif item["type"] == "reasoning":
             if self.signer is not None:
@@ -226,7 +241,23 @@ class ResponseStream:
         return out + [self._event("response.output_item.done", output_index=index, item=item)]
 
     def tokens(self, event: Tokens) -> list[tuple[str, dict]]:
+        self._entries(event.logprobs)
         return self._pieces(event.pieces)
+
+    def _entries(self, entries) -> None:
+        self.entries += len(entries)
+        if self.pending is not None:
+            self.pending += [e for e in entries if e.segment == "content"]
+
+    def _take(self, text: str) -> list[dict]:
+        """The entries of the tokens that wrote `text` (a delta), from the oldest not yet given:
+        as many as make up its length (a token's text may still be held back, e.g. a possible stop
+        string, and then rides on a later delta)."""
+        taken, size = [], 0
+        while self.pending and size < len(text):
+            taken.append(self.pending.pop(0))
+            size += len(taken[-1].text)
+        return token_logprobs(taken)
 
     def _pieces(self, pieces) -> list[tuple[str, dict]]:
         self.fed += len(pieces)
@@ -252,21 +283,32 @@ class ResponseStream:
             index = len(self.output) - 1
             out.append(self._event("response.output_item.added", output_index=index, item=_empty(self.open)))
             if kind == "message":
+                if self.pending is not None:
+                    self.open["content"][0]["logprobs"] = []
                 out.append(self._event("response.content_part.added", item_id=self.open["id"], output_index=index, content_index=0,
                                        part={"type": "output_text", "text": "", "annotations": []}))
         index = len(self.output) - 1
         part = self.open["content"][0]
         part["text"] += p.text
-        delta = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        return out + [self._event(delta, item_id=self.open["id"], output_index=index, content_index=0, delta=p.text)]
+        if kind != "message":
+            return out + [self._event("response.reasoning_text.delta", item_id=self.open["id"], output_index=index,
+                                      content_index=0, delta=p.text)]
+        logprobs = self._take(p.text)
+        if self.pending is not None:
+            part["logprobs"] += logprobs
+        return out + [self._event("response.output_text.delta", item_id=self.open["id"], output_index=index,
+                                  content_index=0, delta=p.text, logprobs=logprobs)]
 
     def finish(self, fin: Finished) -> list[tuple[str, dict]]:
+        if self.pending is not None:  # what no Tokens event carried (the end released it)
+            self._entries(fin.logprobs[self.entries:])
         out = self._pieces(fin.pieces[self.fed:]) + self._close()
         # response.completed even when max_output_tokens cut it (status "incomplete" inside): the
         # event clients wait for to close a turn.
         return out + [self._event("response.completed", response=self.response("completed", fin))]
 
     def whole(self, fin: Finished) -> dict:
+        self._entries(fin.logprobs)
         self._pieces(fin.pieces)
         self._close()
         return self.response("completed", fin)
