@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import threading
-import time
 
 from mtplx.events import EngineEvent, Failed, Finished, FirstToken, Queued, Restored, Tokens
 from mtplx.receipts.store import ReceiptStore
