@@ -518,6 +518,31 @@ def test_n_choices_are_turns_of_their_own_in_one_completion(server, client):
     assert usage.completion_tokens == drawn.usage.completion_tokens
 
     for body, route in (({"messages": ask(), "n": 17}, "/v1/chat/completions"), ({"messages": ask(), "n": 0}, "/v1/chat/completions"),
-                        ({"prompt": "x", "n": 2}, "/v1/completions")):
+                        ({"prompt": "x", "n": 17}, "/v1/completions")):
         r = httpx.post(server[0] + route, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == "n", body
+
+
+def test_text_completions_take_n_choices_too(server):
+    """/v1/completions' `n` as chat's: a choice per turn, seeded seed + i, echo on every choice, the
+    stream's text per index equal to the whole answer's, usage counting the prompt once."""
+    url = server[0] + "/v1/completions"
+    body = {"prompt": "def parse(", "max_tokens": 8, "temperature": 1.0, "seed": 11, "n": 3, "echo": True}
+    whole = httpx.post(url, json=body, timeout=120).json()
+    texts = [c["text"] for c in whole["choices"]]
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2] and all(t.startswith("def parse(") for t in texts)
+    assert len(set(texts)) > 1
+    alone = httpx.post(url, json={**body, "n": 1, "seed": 12}, timeout=120).json()
+    assert alone["choices"][0]["text"] == texts[1]
+    assert whole["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"]
+    assert whole["usage"]["completion_tokens"] == 24
+    streamed, usage = {}, None
+    with httpx.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                      timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                for c in chunk["choices"]:
+                    streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
+                usage = chunk.get("usage") or usage
+    assert [streamed[i] for i in range(3)] == texts and usage == whole["usage"]

@@ -34,7 +34,7 @@ from mtplx.server.context import window_of
 from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
-from mtplx.server.openai_request import ChatCall, parse_chat, parse_json, sampling_from, stream_flag
+from mtplx.server.openai_request import ChatCall, choices, parse_chat, parse_json, sampling_from, stream_flag
 from mtplx.server.turns import Choices, budget_headers, encoded, events, session_from, submit, submit_choices
 
 log = logging.getLogger("mtplx.server")
@@ -198,7 +198,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                                 headers)
         first = openai_response.ChatStream(model_name, logprobs)
         streams = [first] + [openai_response.ChatStream(model_name, logprobs, i, first) for i in range(1, len(subs))]
-        return _streamed(request, group, _choices_sse(subs, streams, call.include_usage), headers)
+        return _streamed(request, group, _choices_sse(subs, streams, call.include_usage, [s.first() for s in streams]),
+                         headers)
 
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
@@ -209,11 +210,23 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if body.get("stream_options") is not None and not stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        call = ChatCall([], None, sampling_from(body, defaults, limit()), stream, include_usage,
-                        schema=output_format.from_openai(body.get("response_format")))
+        call = ChatCall([], None, sampling_from(body, defaults, limit(), several=True), stream, include_usage,
+                        schema=output_format.from_openai(body.get("response_format")), n=choices(body))
         await asyncio.to_thread(output_format.compile_call, engine, call)
-        sub = submit(engine, call, await asyncio.to_thread(given.tokens, tokenizer), "api", session_from(request.headers), raw)
+        prompt = await asyncio.to_thread(given.tokens, tokenizer)
         logprobs, echo = call.sampling.logprobs is not None, given.echoed(tokenizer)
+        if call.n > 1:
+            subs = submit_choices(engine, call, prompt, "api", session_from(request.headers), raw, None)
+            headers = budget_headers(call, subs[0])
+            if not stream:
+                return await _whole(Choices(subs), lambda fins: openai_response.text_completions(
+                    model_name, fins, logprobs, echo), request, headers)
+            first = openai_response.TextCompletionStream(model_name, logprobs)
+            streams = [first] + [openai_response.TextCompletionStream(model_name, logprobs, i, first)
+                                 for i in range(1, call.n)]
+            return _streamed(request, Choices(subs), _choices_sse(subs, streams, include_usage,
+                                                                  [s.first(echo) for s in streams]), headers)
+        sub = submit(engine, call, prompt, "api", session_from(request.headers), raw)
         if not stream:
             return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin, logprobs, echo), request,
                                 budget_headers(call, sub))
@@ -361,9 +374,10 @@ async def _openai_sse(sub, chunks, include_usage: bool, first: dict | None = Non
     yield _sse("[DONE]")
 
 
-async def _choices_sse(subs: list, streams: list, include_usage: bool):
-    """Chat's `n` choices streamed as one completion: each choice's chunks carry its index, as its
-    tokens come (the choices decode together), then one usage for all of them when asked."""
+async def _choices_sse(subs: list, streams: list, include_usage: bool, firsts: list):
+    """`n` choices streamed as one completion (chat or text, by `streams`): each choice's chunks
+    carry its index, as its tokens come (the choices decode together), then one usage for all of
+    them when asked. `firsts`: each choice's opening chunk, or None."""
     arrived: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, sub) -> None:
@@ -376,8 +390,9 @@ async def _choices_sse(subs: list, streams: list, include_usage: bool):
     pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(subs)]
     fins: list = [None] * len(subs)
     try:
-        for stream in streams:
-            yield _sse(stream.first())
+        for chunk in firsts:
+            if chunk is not None:
+                yield _sse(chunk)
         running = len(subs)
         while running:
             i, event = await arrived.get()

@@ -207,7 +207,7 @@ def _number(body: dict, name: str, kind=float, default=None):
     return value
 
 
-MOST_CHOICES = 16  # chat's `n`: each choice is a turn of its own (its prefill too), decoded in one batch
+MOST_CHOICES = 16  # `n` (chat, completions): each choice is a turn of its own (its prefill too), decoded in one batch
 
 
 def choices(body: dict) -> int:
@@ -225,7 +225,7 @@ def sampling_from(body: dict, defaults: SamplingParams, max_tokens_limit: int, s
     if body.get("web_search_options") is not None:  # even {} asks for a search this server cannot make
         raise bad_request("web_search_options (web search) is not supported by this server", "web_search_options")
     if not several and _number(body, "n", int, 1) != 1:
-        raise bad_request("n must be 1 on this route (chat completions take more)", "n")
+        raise bad_request("n must be 1 on this route (chat and text completions take more)", "n")
     # A large max_tokens is a client default, capped to the window once the prompt is known
     # (server/context.py); only a non-positive or absurd value is refused here.
     max_tokens = check_max_tokens(body.get("max_completion_tokens"), "max_completion_tokens")

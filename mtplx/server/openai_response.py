@@ -147,23 +147,32 @@ def _choice(index: int, fin: Finished, logprobs: bool) -> dict:
 
 def text_completion(model: str, fin: Finished, logprobs: bool = False, echo: str = "") -> dict:
     """`echo`: the prompt's text, when the request asked for it before the completion."""
+    return text_completions(model, [fin], logprobs, echo)
+
+
+def text_completions(model: str, fins: list[Finished], logprobs: bool = False, echo: str = "") -> dict:
+    """A whole /v1/completions answer of one choice per Finished, in order (`n`)."""
     return {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "text": echo + fin.text,
+            "model": model, "choices": [{"index": i, "text": echo + fin.text,
                                          "logprobs": legacy_logprobs(fin.logprobs) if logprobs else None,
-                                         "finish_reason": "length" if fin.finish_reason == "length" else "stop"}],
-            "usage": usage(fin)}
+                                         "finish_reason": "length" if fin.finish_reason == "length" else "stop"}
+                                        for i, fin in enumerate(fins)],
+            "usage": usage_of(fins)}
 
 
 class TextCompletionStream:
     """Chunks of one streamed /v1/completions answer: raw text, no reasoning or tool-call split."""
 
-    def __init__(self, model: str, logprobs: bool = False):
-        self.id, self.created, self.model = "cmpl-" + uuid.uuid4().hex[:24], int(time.time()), model
+    def __init__(self, model: str, logprobs: bool = False, index: int = 0, of: "TextCompletionStream | None" = None):
+        """`index`, `of`: as ChatStream's (the choice carried; the first choice's stream, for `n`)."""
+        self.id = of.id if of is not None else "cmpl-" + uuid.uuid4().hex[:24]
+        self.created = of.created if of is not None else int(time.time())
+        self.model, self.index = model, index
         self.logprobs, self.offset = logprobs, 0
 
     def _chunk(self, text: str, finish: str | None = None, logprobs=None) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+                "choices": [{"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
 
     def first(self, echo: str) -> dict | None:
         """The echoed prompt, as the stream's first chunk (None when not asked for)."""
@@ -179,6 +188,9 @@ class TextCompletionStream:
     def finish(self, fin: Finished, include_usage: bool) -> list[dict]:
         out = [self._chunk("", "length" if fin.finish_reason == "length" else "stop")]
         if include_usage:
-            out.append({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                        "choices": [], "usage": usage(fin)})
+            out.append(self.usage_chunk([fin]))
         return out
+
+    def usage_chunk(self, fins: list[Finished]) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage_of(fins)}

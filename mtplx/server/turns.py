@@ -158,7 +158,7 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
 
 
 class Choices:
-    """The turns of chat's `n` choices as one submission: a client that goes away cancels them all."""
+    """The turns of a request's `n` choices as one submission: a client that goes away cancels them all."""
 
     def __init__(self, subs: list):
         self.subs = subs
