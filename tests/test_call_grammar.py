@@ -197,3 +197,39 @@ def test_routes_hold_forced_and_strict_calls_to_the_tools(tiny_dense_url):
         "tools": [{"type": "function", "name": "open_path", "parameters": OPEN["function"]["parameters"]}]}).json()
     calls = [item for item in responses["output"] if item["type"] == "function_call"]
     assert calls[0]["name"] == "open_path" and set(json.loads(calls[0]["arguments"])) == {"path"}
+
+
+def test_allowed_tools_and_the_responses_named_form_pick_the_tools_a_call_may_name(tiny_dense_url):
+    """OpenAI's `allowed_tools` (chat nests it, Responses does not) limits calls to some of the
+    tools while all stay described; Responses names one tool as {"type": "function", "name"}.
+    Both were 400s. A bad form is still a 400 naming tool_choice."""
+    import httpx
+
+    from mtplx.server.tool_choice import from_openai
+
+    tools = [WRITE, OPEN]
+    assert from_openai({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "open_path"}}]}}, tools).allowed == ("open_path",)
+    flat = from_openai({"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "write"}]}, tools)
+    assert (flat.mode, flat.allowed) == ("required", ("write",))
+    assert from_openai({"type": "function", "name": "write"}, tools).name == "write"
+
+    url = tiny_dense_url
+    ask = [{"role": "user", "content": "Write hello.py that prints hello."}]
+    chat = {"messages": ask, "max_tokens": 160, "temperature": 0, "enable_thinking": False, "tools": tools}
+    choice = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "open_path"}}]}}
+    reply = httpx.post(url + "/v1/chat/completions", json={**chat, "tool_choice": choice}, timeout=120).json()
+    made = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert made["name"] == "open_path" and set(json.loads(made["arguments"])) == {"path"}
+    responses = httpx.post(url + "/v1/responses", timeout=120, json={
+        "input": ask[0]["content"], "max_output_tokens": 160, "temperature": 0, "reasoning": {"effort": "none"},
+        "tools": [{"type": "function", "name": "open_path", "parameters": OPEN["function"]["parameters"]}],
+        "tool_choice": {"type": "function", "name": "open_path"}}).json()
+    assert [i["name"] for i in responses["output"] if i["type"] == "function_call"] == ["open_path"]
+    for bad in ({"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": []}},
+                {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "nope"}]},
+                {"type": "allowed_tools", "mode": "auto", "tools": []}, {"type": "function", "name": "nope"}):
+        r = httpx.post(url + "/v1/chat/completions", json={**chat, "tool_choice": bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("tool_choice"), bad
+

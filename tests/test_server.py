@@ -546,3 +546,11 @@ def test_text_completions_take_n_choices_too(server):
                     streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
                 usage = chunk.get("usage") or usage
     assert [streamed[i] for i in range(3)] == texts and usage == whole["usage"]
+
+
+@pytest.mark.parametrize("field, value", [("prompt", {"id": "pmpt_1"}), ("conversation", "conv_1")])
+def test_responses_refuse_context_kept_by_other_apis(server, field, value):
+    """A stored prompt or a Conversations API conversation holds context this server does not
+    have: answering without it would answer another conversation, so it is a 400 naming the field."""
+    r = httpx.post(server[0] + "/v1/responses", json={"input": "hi", "max_output_tokens": 2, field: value}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == field

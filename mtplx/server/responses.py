@@ -140,6 +140,11 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
         raise bad_request("previous_response_id must be a string", "previous_response_id")
     if body.get("background"):  # a response run detached and polled for: not built, so never pretended
         raise bad_request("background responses are not supported; stream the response instead", "background")
+    # Context kept by OpenAI's other APIs: answering without it would answer another conversation.
+    for name, what in (("prompt", "stored prompt templates are"), ("conversation", "conversations (the Conversations API) are")):
+        if body.get(name) is not None:
+            raise bad_request(f"{name}: {what} not kept by this server; send the input itself, or previous_response_id",
+                              name)
     flag(body, "store", default=True)  # checked here; read where the response is kept (app.py)
     schema = output_format.from_responses(body.get("text"))
     messages = to_messages(body, store.get(previous) if previous else [], signer)

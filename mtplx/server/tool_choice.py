@@ -1,7 +1,9 @@
 """tool_choice on both routes, as one decision: may the reply call a tool, and must it.
 
-OpenAI: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}; Anthropic:
-{"type": "auto" | "any" | "tool" (with "name") | "none"}. No tools at all means "none". The
+OpenAI: "auto" | "none" | "required" | {"type": "function", "function": {"name"}} (Responses:
+{"type": "function", "name"}) | {"type": "allowed_tools", mode auto or required, tools} (chat nests
+the last two keys under "allowed_tools"); Anthropic: {"type": "auto" | "any" | "tool" (with "name")
+| "none"}. No tools at all means "none". The
 decision becomes an engine ToolRule over token ids (the tool-call opening token masked, or a call
 forced); tools stay described in the prompt under "none" so the prompt, and its cache, do not
 change with the choice.
@@ -29,6 +31,7 @@ class ToolChoice:
     mode: str = "auto"  # "auto", "none", "required"
     name: str | None = None  # a specific tool ("required" only)
     parallel: bool = True  # more than one call in a reply (OpenAI parallel_tool_calls, Anthropic disable_parallel_tool_use)
+    allowed: tuple[str, ...] | None = None  # the tools a call may name (OpenAI allowed_tools); None: any of them
 
 
 def _parallel(value, param: str, invert: bool = False) -> bool:
@@ -46,6 +49,22 @@ def _named(name, tools: list[dict] | None, param: str) -> ToolChoice:
     return ToolChoice("required", name)
 
 
+def _allowed(spec, tools: list[dict] | None) -> ToolChoice:
+    """OpenAI's allowed_tools: calls limited to some of the request's tools (all stay described, so
+    the prompt and its cache do not change with the subset), in mode auto or required."""
+    param = "tool_choice.allowed_tools"
+    if not isinstance(spec, dict) or spec.get("mode") not in ("auto", "required") or not isinstance(spec.get("tools"), list):
+        raise bad_request(f"{param} needs a mode (auto or required) and a list of tools", param)
+    names = []
+    for entry in spec["tools"]:
+        entry = entry if isinstance(entry, dict) else {}
+        name = (entry.get("function") or {}).get("name") if isinstance(entry.get("function"), dict) else entry.get("name")
+        names.append(_named(name, tools, f"{param}.tools").name)
+    if not names:
+        raise bad_request(f"{param}.tools must name at least one tool", param)
+    return ToolChoice(spec["mode"], allowed=tuple(dict.fromkeys(names)))
+
+
 def from_openai(raw, tools: list[dict] | None, parallel=None) -> ToolChoice:
     """`parallel`: the request's parallel_tool_calls (None: absent, so allowed)."""
     parallel = _parallel(parallel, "parallel_tool_calls")
@@ -53,12 +72,18 @@ def from_openai(raw, tools: list[dict] | None, parallel=None) -> ToolChoice:
         return ToolChoice("auto" if tools else "none", parallel=parallel)
     if raw == "none":
         return ToolChoice("none")
+    kind = raw.get("type") if isinstance(raw, dict) else None
     if raw == "required":
         choice = ToolChoice("required")
-    elif isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("function"), dict):
+    elif kind == "function" and isinstance(raw.get("function"), dict):
         choice = _named(raw["function"].get("name"), tools, "tool_choice.function.name")
+    elif kind == "function" and "name" in raw:  # the Responses API's form
+        choice = _named(raw.get("name"), tools, "tool_choice.name")
+    elif kind == "allowed_tools":
+        choice = _allowed(raw.get("allowed_tools", raw), tools)
     else:
-        raise bad_request(f"tool_choice {raw!r} is not one of auto, none, required or a function", "tool_choice")
+        raise bad_request(f"tool_choice {raw!r} is not one of auto, none, required, a function or allowed_tools",
+                          "tool_choice")
     if not tools:
         raise bad_request("tool_choice asks for a tool call but the request has no tools", "tool_choice")
     return replace(choice, parallel=parallel)
@@ -129,19 +154,21 @@ class ToolRules:
     def compile(self, call) -> None:
         """`call.call_grammar`: the grammar an open call's body is held to, compiled for the
         tokenizer (on a worker thread: turns.encode). None where nothing asks for one (auto without
-        a strict tool, none), or where the format's body or closing token is not known. A schema
+        a strict tool or allowed_tools, none), or where the format's body or closing token is not known. A schema
         llguidance cannot take leaves that tool's arguments any JSON object, never a 400: the tool
         was accepted, and its calls still get a declared name."""
         choice = call.tool_choice
         if not call.tools or self.open is None or self.close is None or choice.mode == "none" or \
-                (choice.mode == "auto" and not call.strict_tools):
+                (choice.mode == "auto" and not call.strict_tools and choice.allowed is None):
             return
-        enforced = tuple(call_grammar.names(call.tools)) if choice.mode == "required" else call.strict_tools
-        key = (json.dumps(call.tools, sort_keys=True, default=str), choice.name, enforced)
+        # allowed_tools: calls name only those (the others stay described in the prompt)
+        tools = [t for t in call.tools if choice.allowed is None or call_grammar.function(t).get("name") in choice.allowed]
+        enforced = tuple(call_grammar.names(tools)) if choice.mode == "required" else call.strict_tools
+        key = (json.dumps(tools, sort_keys=True, default=str), choice.name, enforced)
         if key not in self._grammars:
             if len(self._grammars) >= 32:
                 self._grammars.pop(next(iter(self._grammars)))
-            self._grammars[key] = self._compiled(call.tools, enforced, choice.name)
+            self._grammars[key] = self._compiled(tools, enforced, choice.name)
         call.call_grammar = self._grammars[key]
 
     def _compiled(self, tools: list[dict], enforced: tuple[str, ...], only: str | None):
