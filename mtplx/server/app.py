@@ -361,17 +361,22 @@ async def _openai_sse(sub, chunks, include_usage: bool, first: dict | None = Non
     if first is not None:
         yield _sse(first)
     async for event in events(sub):
-        if isinstance(event, PrefillProgress):
-            yield b": prefill\n\n"  # bytes during a long prefill keep clients' idle timers from firing
-        elif isinstance(event, Tokens):
-            for c in chunks.tokens(event):
-                yield _sse(c)
-        elif isinstance(event, Finished):
-            for c in chunks.finish(event, include_usage):
-                yield _sse(c)
-        elif isinstance(event, Failed):
-            yield _sse(_failure(event).body())
+        for frame in _frames(event, chunks, include_usage):
+            yield frame
     yield _sse("[DONE]")
+
+
+def _frames(event, chunks, include_usage: bool) -> list[bytes]:
+    """One engine event of an OpenAI stream as SSE frames (chat or text, by `chunks`)."""
+    if isinstance(event, PrefillProgress):
+        return [b": prefill\n\n"]  # bytes during a long prefill keep clients' idle timers from firing
+    if isinstance(event, Tokens):
+        return [_sse(c) for c in chunks.tokens(event)]
+    if isinstance(event, Finished):
+        return [_sse(c) for c in chunks.finish(event, include_usage)]
+    if isinstance(event, Failed):
+        return [_sse(_failure(event).body())]
+    return []
 
 
 async def _choices_sse(subs: list, streams: list, include_usage: bool, firsts: list):
@@ -398,17 +403,12 @@ async def _choices_sse(subs: list, streams: list, include_usage: bool, firsts: l
             i, event = await arrived.get()
             if event is None:
                 running -= 1
-            elif isinstance(event, PrefillProgress) and i == 0:
-                yield b": prefill\n\n"
-            elif isinstance(event, Tokens):
-                for c in streams[i].tokens(event):
-                    yield _sse(c)
-            elif isinstance(event, Finished):
+                continue
+            if isinstance(event, Finished):
                 fins[i] = event
-                for c in streams[i].finish(event, False):
-                    yield _sse(c)
-            elif isinstance(event, Failed):
-                yield _sse(_failure(event).body())
+            if i == 0 or not isinstance(event, PrefillProgress):  # one keep-alive per prefill chunk
+                for frame in _frames(event, streams[i], False):
+                    yield frame
         if include_usage and all(fins):
             yield _sse(streams[0].usage_chunk(fins))
     finally:

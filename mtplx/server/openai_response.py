@@ -49,15 +49,27 @@ def finish_reason(fin: Finished, tool_calls: int) -> str:
     return "length" if fin.finish_reason == "length" else "stop"
 
 
-class ChatStream:
-    """Builds chunks for one streamed chat completion."""
+class _Choice:
+    """One choice's stream of an OpenAI completion: its id and time (shared by every choice of one
+    completion: `of` is the first choice's stream) and its index (`n`)."""
+    PREFIX = OBJECT = ""
 
-    def __init__(self, model: str, logprobs: bool = False, index: int = 0, of: "ChatStream | None" = None):
-        """`index`: the choice this stream carries; `of`: the first choice's stream, whose id and
-        time every choice of one completion shares (chat's `n`)."""
-        self.id = of.id if of is not None else "chatcmpl-" + uuid.uuid4().hex[:24]
+    def __init__(self, model: str, index: int = 0, of: "_Choice | None" = None):
+        self.id = of.id if of is not None else self.PREFIX + uuid.uuid4().hex[:24]
         self.created = of.created if of is not None else int(time.time())
         self.model, self.index = model, index
+
+    def usage_chunk(self, fins: list[Finished]) -> dict:
+        return {"id": self.id, "object": self.OBJECT, "created": self.created, "model": self.model,
+                "choices": [], "usage": usage_of(fins)}
+
+
+class ChatStream(_Choice):
+    """Builds chunks for one streamed chat completion."""
+    PREFIX, OBJECT = "chatcmpl-", "chat.completion.chunk"
+
+    def __init__(self, model: str, logprobs: bool = False, index: int = 0, of: "ChatStream | None" = None):
+        super().__init__(model, index, of)
         self.calls = 0
         self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
         # Log-probabilities of content tokens not yet sent: they ride on the next content chunk
@@ -100,10 +112,6 @@ class ChatStream:
         if include_usage:
             out.append(self.usage_chunk([fin]))
         return out
-
-    def usage_chunk(self, fins: list[Finished]) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage_of(fins)}
 
 
 def usage_of(fins: list[Finished]) -> dict:
@@ -160,14 +168,12 @@ def text_completions(model: str, fins: list[Finished], logprobs: bool = False, e
             "usage": usage_of(fins)}
 
 
-class TextCompletionStream:
+class TextCompletionStream(_Choice):
     """Chunks of one streamed /v1/completions answer: raw text, no reasoning or tool-call split."""
+    PREFIX, OBJECT = "cmpl-", "text_completion"
 
     def __init__(self, model: str, logprobs: bool = False, index: int = 0, of: "TextCompletionStream | None" = None):
-        """`index`, `of`: as ChatStream's (the choice carried; the first choice's stream, for `n`)."""
-        self.id = of.id if of is not None else "cmpl-" + uuid.uuid4().hex[:24]
-        self.created = of.created if of is not None else int(time.time())
-        self.model, self.index = model, index
+        super().__init__(model, index, of)
         self.logprobs, self.offset = logprobs, 0
 
     def _chunk(self, text: str, finish: str | None = None, logprobs=None) -> dict:
@@ -190,7 +196,3 @@ class TextCompletionStream:
         if include_usage:
             out.append(self.usage_chunk([fin]))
         return out
-
-    def usage_chunk(self, fins: list[Finished]) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage_of(fins)}

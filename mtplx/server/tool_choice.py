@@ -42,11 +42,15 @@ def _parallel(value, param: str, invert: bool = False) -> bool:
     return value != invert
 
 
-def _named(name, tools: list[dict] | None, param: str) -> ToolChoice:
+def _known(name, tools: list[dict] | None, param: str) -> str:
     names = {t["function"]["name"] for t in tools or []}
     if not isinstance(name, str) or name not in names:
         raise bad_request(f"{param} names no tool of this request: {name!r}", param)
-    return ToolChoice("required", name)
+    return name
+
+
+def _named(name, tools: list[dict] | None, param: str) -> ToolChoice:
+    return ToolChoice("required", _known(name, tools, param))
 
 
 def _allowed(spec, tools: list[dict] | None) -> ToolChoice:
@@ -59,7 +63,7 @@ def _allowed(spec, tools: list[dict] | None) -> ToolChoice:
     for entry in spec["tools"]:
         entry = entry if isinstance(entry, dict) else {}
         name = (entry.get("function") or {}).get("name") if isinstance(entry.get("function"), dict) else entry.get("name")
-        names.append(_named(name, tools, f"{param}.tools").name)
+        names.append(_known(name, tools, f"{param}.tools"))
     if not names:
         raise bad_request(f"{param}.tools must name at least one tool", param)
     return ToolChoice(spec["mode"], allowed=tuple(dict.fromkeys(names)))
