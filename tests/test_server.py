@@ -295,7 +295,8 @@ def test_completions_stream_and_parameter_rules(server):
 
 def test_completions_take_token_ids_and_echo(server):
     """`prompt` as token ids (or a one-item list) is the same prompt as its text; `echo` puts the
-    prompt before the completion, whole and streamed; what cannot be honoured is a 400."""
+    prompt before the completion, whole and streamed; what cannot be honoured is a 400 (a batch of
+    prompts: test_text_completions_take_a_batch_of_prompts)."""
     url, engine = server[0] + "/v1/completions", server[1]
     text = "import os\nimport sys\n\n\ndef main():"
     ids = engine.checkpoint.tokenizer.encode(text)
@@ -311,7 +312,7 @@ def test_completions_take_token_ids_and_echo(server):
         chunks = [json.loads(line[6:])["choices"][0]["text"] for line in r.iter_lines()
                   if line.startswith("data: {")]
     assert chunks[0] == text and "".join(chunks) == text + completion
-    for extra, param in [({"prompt": [text, text]}, "prompt"), ({"prompt": [1, 10**7]}, "prompt"),
+    for extra, param in [({"prompt": [1, 10**7]}, "prompt"),
                          ({"prompt": [True]}, "prompt"), ({"prompt": []}, "prompt"),
                          ({"prompt": text, "suffix": "x"}, "suffix"), ({"prompt": text, "best_of": 3}, "best_of"),
                          ({"prompt": text, "echo": "yes"}, "echo"), ({"prompt": text, "echo": True, "logprobs": 1}, "echo")]:
@@ -546,6 +547,38 @@ def test_text_completions_take_n_choices_too(server):
                     streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
                 usage = chunk.get("usage") or usage
     assert [streamed[i] for i in range(3)] == texts and usage == whole["usage"]
+
+
+def test_text_completions_take_a_batch_of_prompts(server):
+    """A list of prompts (what evaluation harnesses send) was a 400: each prompt is now a turn of
+    its own with its `n` choices, choice p * n + j being prompt p's choice j, equal to a lone
+    request for that prompt; usage counts each prompt once."""
+    url = server[0] + "/v1/completions"
+    prompts = ["def parse(", [5, 6, 7, 8], "import os"]
+    body = {"prompt": prompts, "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 2, "echo": True}
+    whole = httpx.post(url, json=body, timeout=180).json()
+    assert [c["index"] for c in whole["choices"]] == list(range(6))
+    alone = [httpx.post(url, json={**body, "prompt": p}, timeout=120).json() for p in prompts]
+    for p, answer in enumerate(alone):
+        assert [c["text"] for c in whole["choices"][2 * p : 2 * p + 2]] == [c["text"] for c in answer["choices"]]
+    assert whole["choices"][0]["text"].startswith("def parse(") and whole["choices"][4]["text"].startswith("import os")
+    assert whole["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert whole["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+    streamed, usage = {}, None
+    with httpx.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                      timeout=180) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                for c in chunk["choices"]:
+                    streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
+                usage = chunk.get("usage") or usage
+    assert [streamed[i] for i in range(6)] == [c["text"] for c in whole["choices"]]
+    assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+    for bad, param in (({"prompt": ["a", ""]}, "prompt[1]"), ({"prompt": ["a"] * 33, "n": 2}, "prompt"),
+                       ({"prompt": ["a", [1, 10**9]]}, "prompt[1]")):
+        r = httpx.post(url, json={"max_tokens": 2, **bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, bad
 
 
 @pytest.mark.parametrize("field, value", [("prompt", {"id": "pmpt_1"}), ("conversation", "conv_1")])

@@ -205,33 +205,39 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     @app.post("/completions", include_in_schema=False)
     async def completions(request: Request):
         raw, body = await body_of(request)
-        given = completion_prompt.parse(body, len(tokenizer))
         stream = stream_flag(body)
         if body.get("stream_options") is not None and not stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
         call = ChatCall([], None, sampling_from(body, defaults, limit(), several=True), stream, include_usage,
                         schema=output_format.from_openai(body.get("response_format")), n=choices(body))
+        givens = completion_prompt.parse(body, len(tokenizer), call.n)
         await asyncio.to_thread(output_format.compile_call, engine, call)
-        prompt = await asyncio.to_thread(given.tokens, tokenizer)
-        logprobs, echo = call.sampling.logprobs is not None, given.echoed(tokenizer)
-        if call.n > 1:
-            subs = submit_choices(engine, call, prompt, "api", session_from(request.headers), raw, None)
+        prompts = await asyncio.to_thread(lambda: [g.tokens(tokenizer) for g in givens])
+        logprobs, echoes = call.sampling.logprobs is not None, [g.echoed(tokenizer) for g in givens]
+        if len(prompts) > 1 or call.n > 1:
+            # choice p * n + j: prompt p's choice j, drawn as a lone request for that prompt would
+            session = session_from(request.headers)
+            subs = [sub for p, prompt in enumerate(prompts)
+                    for sub in submit_choices(engine, call, prompt, "api", session if p == 0 else None, raw, None)]
+            echoes = [echo for echo in echoes for _ in range(call.n)]
             headers = budget_headers(call, subs[0])
             if not stream:
                 return await _whole(Choices(subs), lambda fins: openai_response.text_completions(
-                    model_name, fins, logprobs, echo), request, headers)
+                    model_name, fins, logprobs, echoes, call.n), request, headers)
             first = openai_response.TextCompletionStream(model_name, logprobs)
             streams = [first] + [openai_response.TextCompletionStream(model_name, logprobs, i, first)
-                                 for i in range(1, call.n)]
+                                 for i in range(1, len(subs))]
             return _streamed(request, Choices(subs), _choices_sse(subs, streams, include_usage,
-                                                                  [s.first(echo) for s in streams]), headers)
-        sub = submit(engine, call, prompt, "api", session_from(request.headers), raw)
+                                                                  [s.first(e) for s, e in zip(streams, echoes)], call.n),
+                             headers)
+        sub = submit(engine, call, prompts[0], "api", session_from(request.headers), raw)
         if not stream:
-            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin, logprobs, echo), request,
-                                budget_headers(call, sub))
+            return await _whole(sub, lambda fin: openai_response.text_completion(model_name, fin, logprobs, echoes[0]),
+                                request, budget_headers(call, sub))
         chunks = openai_response.TextCompletionStream(model_name, logprobs)
-        return _streamed(request, sub, _openai_sse(sub, chunks, include_usage, chunks.first(echo)), budget_headers(call, sub))
+        return _streamed(request, sub, _openai_sse(sub, chunks, include_usage, chunks.first(echoes[0])),
+                         budget_headers(call, sub))
 
     # -- OpenAI Responses (Codex) -----------------------------------------------------------
     @app.post("/v1/responses")
@@ -379,10 +385,11 @@ def _frames(event, chunks, include_usage: bool) -> list[bytes]:
     return []
 
 
-async def _choices_sse(subs: list, streams: list, include_usage: bool, firsts: list):
-    """`n` choices streamed as one completion (chat or text, by `streams`): each choice's chunks
-    carry its index, as its tokens come (the choices decode together), then one usage for all of
-    them when asked. `firsts`: each choice's opening chunk, or None."""
+async def _choices_sse(subs: list, streams: list, include_usage: bool, firsts: list, n: int | None = None):
+    """Several choices streamed as one completion (chat or text, by `streams`): each choice's
+    chunks carry its index, as its tokens come (the choices decode together), then one usage for
+    all of them when asked (`n` choices a prompt; None: one prompt). `firsts`: each choice's
+    opening chunk, or None."""
     arrived: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, sub) -> None:
@@ -410,7 +417,7 @@ async def _choices_sse(subs: list, streams: list, include_usage: bool, firsts: l
                 for frame in _frames(event, streams[i], False):
                     yield frame
         if include_usage and all(fins):
-            yield _sse(streams[0].usage_chunk(fins))
+            yield _sse(streams[0].usage_chunk(fins, n))
     finally:
         for task in pumps:
             task.cancel()

@@ -1,11 +1,11 @@
 """The prompt of a legacy /v1/completions request, as token ids, and the options that change
 what its answer holds.
 
-OpenAI's `prompt` may be a string, token ids, or a list of either (a batch); one prompt a request
-is served here (one text or one list of ids, alone or as a one-item list), and a batch of several
-is a 400 that says so, never a silent first item. `echo` puts the prompt's text before the
-completion. `suffix` (fill-in-the-middle) and `best_of` above 1 change what must be generated, so
-they are refused rather than ignored.
+OpenAI's `prompt` may be a string, token ids, or a list of either (a batch, as evaluation
+harnesses send). Each prompt of a batch is a turn of its own, with `n` choices each; the answer's
+choice p * n + j is prompt p's choice j, as OpenAI numbers them. `echo` puts each prompt's text
+before its completions. `suffix` (fill-in-the-middle) and `best_of` above 1 change what must be
+generated, so they are refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -32,23 +32,17 @@ class CompletionPrompt:
         return self.text if self.text is not None else tokenizer.decode(self.ids)
 
 
-def parse(body: dict, vocab_size: int) -> CompletionPrompt:
+MOST_TURNS = 64  # prompts x n: each is a turn (its own prefill), queued beyond the scheduler's batch
+
+
+def parse(body: dict, vocab_size: int, n: int = 1) -> list[CompletionPrompt]:
+    """The request's prompts (one, or a batch), each with `n` choices."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        if len(prompt) > 1:
-            raise bad_request(f"prompt holds {len(prompt)} prompts; this server takes one a request", "prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
-        ids, text = None, prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not all(0 <= t < vocab_size for t in prompt):
-            bad = next(t for t in prompt if not 0 <= t < vocab_size)
-            raise bad_request(f"prompt token {bad} is outside this model's vocabulary of {vocab_size}", "prompt")
-        ids, text = list(prompt), None
-    else:
-        raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
+    batch = (prompt if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt)
+             else [prompt])
+    if len(batch) * n > MOST_TURNS:
+        raise bad_request(f"{len(batch)} prompts x n = {n} asks for {len(batch) * n} completions; at most {MOST_TURNS} "
+                          "a request", "prompt")
     echo = flag(body, "echo")
     if echo and body.get("logprobs") is not None:
         raise bad_request("echo with logprobs (the prompt's own log-probabilities) is not supported", "echo")
@@ -57,4 +51,19 @@ def parse(body: dict, vocab_size: int) -> CompletionPrompt:
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
         raise bad_request("best_of must be 1", "best_of")
+    return [_one(p, vocab_size, echo, "prompt" if len(batch) == 1 else f"prompt[{i}]") for i, p in enumerate(batch)]
+
+
+def _one(prompt, vocab_size: int, echo: bool, param: str) -> CompletionPrompt:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request(f"{param} must be a non-empty string or a list of token ids", param)
+        ids, text = None, prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t < vocab_size for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < vocab_size)
+            raise bad_request(f"{param} token {bad} is outside this model's vocabulary of {vocab_size}", param)
+        ids, text = list(prompt), None
+    else:
+        raise bad_request(f"{param} must be a non-empty string or a list of token ids", param)
     return CompletionPrompt(ids, text, echo)

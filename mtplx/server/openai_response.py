@@ -59,9 +59,9 @@ class _Choice:
         self.created = of.created if of is not None else int(time.time())
         self.model, self.index = model, index
 
-    def usage_chunk(self, fins: list[Finished]) -> dict:
+    def usage_chunk(self, fins: list[Finished], n: int | None = None) -> dict:
         return {"id": self.id, "object": self.OBJECT, "created": self.created, "model": self.model,
-                "choices": [], "usage": usage_of(fins)}
+                "choices": [], "usage": usage_of(fins, n)}
 
 
 class ChatStream(_Choice):
@@ -114,11 +114,14 @@ class ChatStream(_Choice):
         return out
 
 
-def usage_of(fins: list[Finished]) -> dict:
-    """One usage for a completion's choices: the prompt counted once (every choice had the same),
-    the reply tokens of all of them."""
+def usage_of(fins: list[Finished], n: int | None = None) -> dict:
+    """One usage for a completion's choices: each prompt counted once (`n` choices a prompt, in
+    order; None: every choice had the same prompt), the reply tokens of all of them."""
     out = usage(fins[0])
     if len(fins) > 1:
+        prompts = fins[:: n or len(fins)]
+        out["prompt_tokens"] = sum(f.prompt_tokens for f in prompts)
+        out["prompt_tokens_details"]["cached_tokens"] = sum(f.cached_tokens for f in prompts)
         out["completion_tokens"] = sum(f.completion_tokens for f in fins)
         out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
         out["completion_tokens_details"]["reasoning_tokens"] = sum(
@@ -155,17 +158,18 @@ def _choice(index: int, fin: Finished, logprobs: bool) -> dict:
 
 def text_completion(model: str, fin: Finished, logprobs: bool = False, echo: str = "") -> dict:
     """`echo`: the prompt's text, when the request asked for it before the completion."""
-    return text_completions(model, [fin], logprobs, echo)
+    return text_completions(model, [fin], logprobs, [echo])
 
 
-def text_completions(model: str, fins: list[Finished], logprobs: bool = False, echo: str = "") -> dict:
-    """A whole /v1/completions answer of one choice per Finished, in order (`n`)."""
+def text_completions(model: str, fins: list[Finished], logprobs: bool, echoes: list[str], n: int | None = None) -> dict:
+    """A whole /v1/completions answer of one choice per Finished, in order (prompts x `n`);
+    `echoes[i]`: what goes before choice i's text."""
     return {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
             "model": model, "choices": [{"index": i, "text": echo + fin.text,
                                          "logprobs": legacy_logprobs(fin.logprobs) if logprobs else None,
                                          "finish_reason": "length" if fin.finish_reason == "length" else "stop"}
-                                        for i, fin in enumerate(fins)],
-            "usage": usage_of(fins)}
+                                        for i, (fin, echo) in enumerate(zip(fins, echoes))],
+            "usage": usage_of(fins, n)}
 
 
 class TextCompletionStream(_Choice):
