@@ -199,6 +199,34 @@ def test_routes_hold_forced_and_strict_calls_to_the_tools(tiny_dense_url):
     assert calls[0]["name"] == "open_path" and set(json.loads(calls[0]["arguments"])) == {"path"}
 
 
+def test_anthropic_client_tools_declared_by_type_get_their_documented_inputs(tiny_dense_url):
+    """`{"type": "text_editor_20250728", "name": ...}` comes without a schema (Claude knows it); the
+    model was described `{"type": "object"}` and could not know the editor's inputs. Now a forced
+    call follows the documented ones: a `command` of that version's, and a `path`."""
+    import httpx
+
+    from mtplx.server.anthropic_tools import described
+
+    def forced(tool: dict) -> dict:
+        reply = httpx.post(tiny_dense_url + "/v1/messages", timeout=120, json={
+            "model": "m", "max_tokens": 160, "temperature": 0, "thinking": {"type": "disabled"},
+            "messages": [{"role": "user", "content": "Fix the typo in /src/app.py"}], "tools": [tool],
+            "tool_choice": {"type": "tool", "name": tool["name"]}}).json()
+        return next(b for b in reply["content"] if b["type"] == "tool_use")
+
+    use = forced({"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"})
+    assert use["name"] == "str_replace_based_edit_tool"
+    assert use["input"]["command"] in ("view", "create", "str_replace", "insert") and isinstance(use["input"]["path"], str)
+    assert set(use["input"]) <= set(described("text_editor_20250728")["input_schema"]["properties"])
+    assert "undo_edit" in described("text_editor_20250124")["input_schema"]["properties"]["command"]["enum"]
+    use = forced({"type": "bash_20250124", "name": "bash"})
+    assert use["name"] == "bash" and set(use["input"]) <= {"command", "restart"}
+    own = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
+    use = forced({"type": "bash_20250124", "name": "bash", "input_schema": own})  # a declared schema wins
+    assert set(use["input"]) == {"cmd"}
+    assert described("custom") is None and described(None) is None
+
+
 def test_allowed_tools_and_the_responses_named_form_pick_the_tools_a_call_may_name(tiny_dense_url):
     """OpenAI's `allowed_tools` (chat nests it, Responses does not) limits calls to some of the
     tools while all stay described; Responses names one tool as {"type": "function", "name"}.

@@ -8,7 +8,7 @@ import uuid
 
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished, Tokens
-from mtplx.server import output_format, prefill
+from mtplx.server import anthropic_tools, output_format, prefill
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
 from mtplx.server.openai_request import ChatCall, _check_text, check_schema, sampling_from, stream_flag, strict_names
@@ -136,7 +136,7 @@ def _user(blocks: list[dict], p: str) -> list[dict]:
 
 
 # Anthropic's server tools, by type prefix (client tools such as bash_* and text_editor_* are run by
-# the client, so they are described to the model like any other).
+# the client, so they are described to the model like any other: anthropic_tools.py).
 SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
 
 
@@ -156,8 +156,10 @@ def to_tools(raw) -> list[dict] | None:
             raise bad_request(f"tools[{i}]: {kind} is a server tool (the API runs it); this server runs none",
                               f"tools[{i}].type")
         check_schema(t.get("input_schema"), f"tools[{i}].input_schema")
-        tools.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                                       "parameters": t.get("input_schema", {"type": "object"})}})
+        known = anthropic_tools.described(kind) or {}  # a client tool declared by type alone
+        tools.append({"type": "function", "function": {
+            "name": t["name"], "description": t.get("description") or known.get("description", ""),
+            "parameters": t.get("input_schema") or known.get("input_schema") or {"type": "object"}}})
     return tools or None
 
 
