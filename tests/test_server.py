@@ -524,6 +524,20 @@ def test_n_choices_are_turns_of_their_own_in_one_completion(server, client):
         assert r.status_code == 400 and r.json()["error"]["param"] == "n", body
 
 
+def _streamed_choices(url: str, body: dict) -> tuple[dict, dict | None]:
+    """A streamed /v1/completions answer: each choice's text by index, and the usage chunk."""
+    streamed, usage = {}, None
+    with httpx.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                      timeout=180) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                for c in chunk["choices"]:
+                    streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
+                usage = chunk.get("usage") or usage
+    return streamed, usage
+
+
 def test_text_completions_take_n_choices_too(server):
     """/v1/completions' `n` as chat's: a choice per turn, seeded seed + i, echo on every choice, the
     stream's text per index equal to the whole answer's, usage counting the prompt once."""
@@ -537,15 +551,7 @@ def test_text_completions_take_n_choices_too(server):
     assert alone["choices"][0]["text"] == texts[1]
     assert whole["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"]
     assert whole["usage"]["completion_tokens"] == 24
-    streamed, usage = {}, None
-    with httpx.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}},
-                      timeout=120) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                for c in chunk["choices"]:
-                    streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
-                usage = chunk.get("usage") or usage
+    streamed, usage = _streamed_choices(url, body)
     assert [streamed[i] for i in range(3)] == texts and usage == whole["usage"]
 
 
@@ -564,15 +570,7 @@ def test_text_completions_take_a_batch_of_prompts(server):
     assert whole["choices"][0]["text"].startswith("def parse(") and whole["choices"][4]["text"].startswith("import os")
     assert whole["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
     assert whole["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
-    streamed, usage = {}, None
-    with httpx.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}},
-                      timeout=180) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                for c in chunk["choices"]:
-                    streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
-                usage = chunk.get("usage") or usage
+    streamed, usage = _streamed_choices(url, body)
     assert [streamed[i] for i in range(6)] == [c["text"] for c in whole["choices"]]
     assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]
     for bad, param in (({"prompt": ["a", ""]}, "prompt[1]"), ({"prompt": ["a"] * 33, "n": 2}, "prompt"),
