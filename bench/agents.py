@@ -4,7 +4,10 @@ first's session. Prints one row per client: version, requests, statuses, cached 
 later turn against the bank's reuse ceiling, errors. Not part of CI (slow; needs npm).
 
     python bench/agents.py [--clients claude,codex,opencode,pi,qwen] [--context-window 65536]
-                           [--cache ~/.cache/mtplx-agents] [--record DIR] [--model NAME_OR_DIR] [--ssd]
+                           [--cache ~/.cache/mtplx-agents] [--record DIR] [--model NAME_OR_DIR] [--ssd] [--together]
+
+--together runs every client against one server, each turn started by all of them at once (the
+scheduler batches their decodes; the bank keeps each one's session): one row for all.
 
 The CLIs are installed from npm into --cache. Every client runs in a scratch git repository and
 a scratch HOME, pointed at 127.0.0.1 only. --record keeps each request (MTPLX_RECORD_DIR) per
@@ -168,28 +171,45 @@ def receipts(home: Path) -> list[dict]:
     return rows
 
 
-def run_client(name: str, version: str, cache: Path, window: int, timeout: float, record: Path | None) -> dict:
-    root = Path(tempfile.mkdtemp(prefix=f"mtplx-agent-{name}-"))
-    home, mtplx_home = root / "home", root / "mtplx"
-    home.mkdir()
-    repo = scratch_repo(root)
+def run_clients(names: list[str], versions: dict, cache: Path, window: int, timeout: float, record: Path | None) -> dict:
+    """The clients' two turns against one fresh server: alone (one name), or together (each turn
+    of every client started at once, as agents and their subagents share one local server). The
+    row's counts and turn-2 figures are over all of them."""
+    label = names[0] if len(names) == 1 else "+".join(names)
+    root = Path(tempfile.mkdtemp(prefix=f"mtplx-agent-{label}-"))
+    mtplx_home = root / "mtplx"
     port = free_port()
-    server = serve(port, mtplx_home, window, record / name if record else None)
+    server = serve(port, mtplx_home, window, record / label if record else None)
     url = f"http://127.0.0.1:{port}"
     unwatch = watch(port, mtplx_home / "events.jsonl")
-    env, turns = client_setup(name, home, url)
-    env = dict(os.environ, **env, PATH=f"{cache / 'node_modules' / '.bin'}{os.pathsep}{os.environ['PATH']}")
+    path = f"{cache / 'node_modules' / '.bin'}{os.pathsep}{os.environ['PATH']}"
+    setups = {}
+    for name in names:
+        base = root if len(names) == 1 else root / name
+        (base / "home").mkdir(parents=True)
+        env, turns = client_setup(name, base / "home", url)
+        setups[name] = (scratch_repo(base), dict(os.environ, **env, PATH=path), turns)
     errors, turn_rows = [], []
+
+    def turn(name: str, i: int) -> None:
+        repo, env, turns = setups[name]
+        who = "" if len(names) == 1 else f"{name} "
+        try:
+            done = subprocess.run(turns[i], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+            if done.returncode:
+                errors.append(f"{who}turn {i + 1} exit {done.returncode}: {(done.stderr or done.stdout).strip()[-160:]}")
+        except subprocess.TimeoutExpired:
+            errors.append(f"{who}turn {i + 1} timed out after {timeout:.0f}s")
+
     try:
-        for i, argv in enumerate(turns):
+        for i in range(len(TURNS)):
             before = len(receipts(mtplx_home))
-            try:
-                done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout,
-                                      stdin=subprocess.DEVNULL)
-                if done.returncode:
-                    errors.append(f"turn {i + 1} exit {done.returncode}: {(done.stderr or done.stdout).strip()[-160:]}")
-            except subprocess.TimeoutExpired:
-                errors.append(f"turn {i + 1} timed out after {timeout:.0f}s")
+            threads = [threading.Thread(target=turn, args=(name, i)) for name in names]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
             turn_rows.append(receipts(mtplx_home)[before:])
         codes = statuses(url)
     finally:
@@ -198,8 +218,8 @@ def run_client(name: str, version: str, cache: Path, window: int, timeout: float
         server.wait(30)
     later = [r for rows in turn_rows[1:] for r in rows]
     cached, ceiling = sum(r["cached_tokens"] or 0 for r in later), sum(r["ceiling"] or 0 for r in later)
-    return {"client": name, "version": version, "requests": sum(codes.values()), "statuses": codes,
-            "turn2": f"{cached}/{ceiling}" + (f" ({cached / ceiling:.3f})" if ceiling else ""),
+    return {"client": label, "version": "+".join(versions[n] for n in names), "requests": sum(codes.values()),
+            "statuses": codes, "turn2": f"{cached}/{ceiling}" + (f" ({cached / ceiling:.3f})" if ceiling else ""),
             "turn2_requests": len(later), "shortfalls": [r["shortfall"] for r in later if r["shortfall"]],
             "scratch": str(root), "errors": errors}
 
@@ -215,14 +235,17 @@ def main() -> None:
     parser.add_argument("--model", default=MODEL,
                         help="what the server loads: an embedded name or a model directory (e.g. a 4-bit `mtplx convert` output)")
     parser.add_argument("--ssd", action="store_true", help="serve with the bank's SSD tier on, as `mtplx serve` defaults to")
+    parser.add_argument("--together", action="store_true",
+                        help="one server for all the clients, each turn started by every client at once")
     args = parser.parse_args()
     SSD = args.ssd
     SERVED = args.model
     MODEL = Path(args.model).name if Path(args.model).is_dir() else args.model  # the name `mtplx serve` gives it
     versions = install(args.cache)
+    names = args.clients.split(",")
     rows = []
-    for name in args.clients.split(","):
-        rows.append(run_client(name, versions[name], args.cache, args.context_window, args.timeout, args.record))
+    for group in ([names] if args.together else [[n] for n in names]):
+        rows.append(run_clients(group, versions, args.cache, args.context_window, args.timeout, args.record))
         print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'client':<9} {'version':<9} {'requests':>8}  {'statuses':<16} {'turn 2 cached/ceiling':<24} errors")
     for r in rows:
