@@ -152,6 +152,7 @@ class Finished:
     t: float = field(default_factory=_now)
     logprobs: tuple = ()  # engine/logprobs.TokenLogprob per emitted token, when the request asked for them
     stop_sequence: str | None = None  # the request's stop string that ended the reply (Anthropic reports it)
+    prompt_logprobs: tuple = ()  # TokenLogprob of prompt tokens 1.. given those before (request.prompt_logprobs)
 
     def __post_init__(self):
         if isinstance(self.stats, dict):  # plain data (the event stream's JSON, an empty {}): typed here

@@ -315,7 +315,7 @@ def test_completions_take_token_ids_and_echo(server):
     for extra, param in [({"prompt": [1, 10**7]}, "prompt"),
                          ({"prompt": [True]}, "prompt"), ({"prompt": []}, "prompt"),
                          ({"prompt": text, "suffix": "x"}, "suffix"), ({"prompt": text, "best_of": 3}, "best_of"),
-                         ({"prompt": text, "echo": "yes"}, "echo"), ({"prompt": text, "echo": True, "logprobs": 1}, "echo")]:
+                         ({"prompt": text, "echo": "yes"}, "echo"), ({"prompt": text, "echo": True, "logprobs": 1, "stream": True}, "stream")]:
         bad = httpx.post(url, json={**body, **extra}, timeout=60)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (extra, bad.text)
 
@@ -522,6 +522,44 @@ def test_n_choices_are_turns_of_their_own_in_one_completion(server, client):
                         ({"prompt": "x", "n": 17}, "/v1/completions")):
         r = httpx.post(server[0] + route, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == "n", body
+
+
+def test_echo_with_logprobs_scores_the_prompt(server):
+    """Legacy completions' echo + logprobs (what lm-evaluation-harness sends to score a context and
+    continuation) was a 400: now each prompt token after the first gets its log-probability given
+    the ones before it, equal to one plain forward over the prompt, then the completion's own;
+    the first is null, as OpenAI reports it. Every position is computed: a repeat, with the
+    prompt in the bank, scores the same and restores nothing."""
+    import mlx.core as mx
+
+    url, engine = server[0] + "/v1/completions", server[1]
+    text = "The session bank keeps attention and recurrent state at exact anchors. " * 4  # > one 64-token chunk
+    ids = engine.checkpoint.tokenizer.encode(text)
+    body = {"prompt": text, "max_tokens": 3, "temperature": 0, "logprobs": 2, "echo": True}
+    first = httpx.post(url, json=body, timeout=120).json()
+    again = httpx.post(url, json=body, timeout=120).json()
+    plain = httpx.post(url, json={**body, "echo": False}, timeout=120).json()
+
+    def forward():
+        hidden = engine.runner.hidden(ids, engine.runner.new_trunk_cache())
+        logits = engine.runner.logits(hidden)[0]
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return [logp[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+
+    want = engine.call(forward)
+    lp = first["choices"][0]["logprobs"]
+    assert first["choices"][0]["text"] == text + plain["choices"][0]["text"]
+    assert len(lp["tokens"]) == len(ids) + 3 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(abs(a - b) < 1e-4 for a, b in zip(lp["token_logprobs"][1 : len(ids)], want))
+    assert all(len(t) == 2 for t in lp["top_logprobs"][1:])
+    # the completion's own entries as without echo (to rounding: that request restored its prefix)
+    assert all(abs(a - b) < 1e-4 for a, b in zip(lp["token_logprobs"][len(ids):],
+                                                 plain["choices"][0]["logprobs"]["token_logprobs"], strict=True))
+    assert "".join(lp["tokens"][: len(ids)]) == text and lp["text_offset"][: 2] == [0, len(lp["tokens"][0])]
+    assert again["choices"][0]["logprobs"] == lp and again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    batch = httpx.post(url, json={**body, "prompt": [text, "import os"], "max_tokens": 1, "logprobs": 1}, timeout=120).json()
+    assert [c["text"][: len(p)] for c, p in zip(batch["choices"], (text, "import os"))] == [text, "import os"]
+    assert batch["choices"][0]["logprobs"]["token_logprobs"][: len(ids)] == lp["token_logprobs"][: len(ids)]
 
 
 def _streamed_choices(url: str, body: dict) -> tuple[dict, dict | None]:

@@ -133,6 +133,9 @@ class BankExecutor:
                               request_id=request.request_id)
         entry_id, position = plan.restore.entry_id, plan.restore.position
         state, source, cause = None, "cold", plan.cause
+        if entry_id is not None and request.prompt_logprobs is not None:
+            # a scored prompt needs every position's logits, a restored prefix has none
+            entry_id, cause = None, "prompt log-probabilities asked: every position computed"
         if entry_id is not None:
             try:
                 entry, source = self.bank.get(entry_id, plan.identity)

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import mlx.core as mx
 
 from mtplx.engine import cache_state, preemption
+from mtplx.engine.logprobs import of_positions
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.rule_set import rules_of
 from mtplx.engine.runner import ModelRunner
@@ -79,6 +80,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.picked_logprobs: list = []  # drawn, not yet emitted (engine/logprobs.TokenLogprob)
         self.logprobs: list = []  # one per emitted token, when the request asked for them
+        self.prompt_logprobs: list = []  # one per prompt token after the first (request.prompt_logprobs)
         self.state: TurnState | None = None
         self.speculator = None
         self.follower = None  # without MTP: a speculator that only verifies a prediction's drafts
@@ -164,6 +166,10 @@ class Generation:
     def _prefill_chunk(self, prompt: list[int], begin: int, end: int, state: TurnState):
         """Feed prompt[begin:end] to the trunk (and its pairs to the MTP head); evaluate the caches."""
         hidden = self.runner.hidden(prompt[begin:end], state.trunk)
+        if self.request.prompt_logprobs is not None:  # position j scores prompt token j + 1
+            targets = prompt[begin + 1 : end + 1]
+            self.prompt_logprobs += of_positions(self.runner.logits(hidden)[0, : len(targets)], targets,
+                                                 self.request.prompt_logprobs, self.runner.checkpoint.tokenizer)
         if self.use_mtp and state.mtp is not None:
             # Pair each hidden with the prompt token after it; the last prompt position
             # pairs with the first generated token later. A restore may hand over one
@@ -365,6 +371,7 @@ class Generation:
             self.request.request_id, self.finish_reason or "stop", len(self.request.prompt), len(self.generated),
             self.stats.cached_tokens, self.stream.text, tuple(self.generated), self.stats.freeze(),
             tuple(self.pieces), message(self.pieces), logprobs=tuple(self.logprobs), stop_sequence=self.stream.matched,
+            prompt_logprobs=tuple(self.prompt_logprobs),
         ), tail
 
 

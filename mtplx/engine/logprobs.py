@@ -31,5 +31,23 @@ def of(logits, token: int, n: int, tokenizer) -> TokenLogprob:
     return TokenLogprob(token, _text(tokenizer, token), float(logp[token].item()), top)
 
 
+def of_positions(logits, tokens: list[int], n: int, tokenizer) -> list[TokenLogprob]:
+    """Entries for many positions at once (rows of `logits`, each scoring the token after it): a
+    prompt's, where one entry at a time would cost a host round trip per token."""
+    import mlx.core as mx
+
+    logits = logits.astype(mx.float32)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logp, mx.array(tokens)[:, None], axis=-1)[:, 0]
+    if n:
+        best = mx.argsort(-logp, axis=-1)[:, :n]
+        best_ids, best_lp = best.tolist(), mx.take_along_axis(logp, best, axis=-1).tolist()
+    else:
+        best_ids = best_lp = [[] for _ in tokens]
+    return [TokenLogprob(token, _text(tokenizer, token), lp,
+                         tuple((i, _text(tokenizer, i), v) for i, v in zip(ids, lps) if v > float("-inf")))
+            for token, lp, ids, lps in zip(tokens, chosen.tolist(), best_ids, best_lp)]
+
+
 def _text(tokenizer, token: int) -> str:
     return tokenizer.decode([token])

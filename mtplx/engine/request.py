@@ -31,11 +31,16 @@ class GenerationRequest:
     reasoning_rule: object | None = None  # the reasoning capped (engine/reasoning_budget.ReasoningBudget)
     call_rule: object | None = None  # an open tool call held to the request's tools (engine/call_rule.CallRule)
     prediction: tuple[int, ...] = ()  # the predicted output's ids, drafts where the reply follows it
+    # Score the prompt: each prompt token's log-probability given the ones before it, with this many
+    # alternatives (legacy completions' echo + logprobs). Every position is computed: no restore.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         if not self.prompt:
             raise RequestError("prompt must not be empty")
         if not all(isinstance(t, int) and t >= 0 for t in self.prompt):
             raise RequestError("prompt must be a sequence of non-negative token ids")
+        if self.prompt_logprobs is not None and not (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20):
+            raise RequestError(f"prompt_logprobs must be None or an integer in 0..20, got {self.prompt_logprobs!r}")
         if self.depth is not None and not (isinstance(self.depth, int) and 1 <= self.depth <= 4):
             raise RequestError(f"depth must be an integer in 1..4, got {self.depth!r}")

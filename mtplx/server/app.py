@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import uuid
+from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -212,6 +213,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         call = ChatCall([], None, sampling_from(body, defaults, limit(), several=True), stream, include_usage,
                         schema=output_format.from_openai(body.get("response_format")), n=choices(body))
         givens = completion_prompt.parse(body, len(tokenizer), call.n)
+        if givens[0].echo and call.sampling.logprobs is not None:  # the prompt scored as well
+            call = replace(call, prompt_logprobs=call.sampling.logprobs)
         await asyncio.to_thread(output_format.compile_call, engine, call)
         prompts = await asyncio.to_thread(lambda: [g.tokens(tokenizer) for g in givens])
         logprobs, echoes = call.sampling.logprobs is not None, [g.echoed(tokenizer) for g in givens]

@@ -4,8 +4,10 @@ what its answer holds.
 OpenAI's `prompt` may be a string, token ids, or a list of either (a batch, as evaluation
 harnesses send). Each prompt of a batch is a turn of its own, with `n` choices each; the answer's
 choice p * n + j is prompt p's choice j, as OpenAI numbers them. `echo` puts each prompt's text
-before its completions. `suffix` (fill-in-the-middle) and `best_of` above 1 change what must be
-generated, so they are refused rather than ignored.
+before its completions; with `logprobs` too, each prompt token after the first is scored (its
+log-probability given the ones before it: what evaluation harnesses ask for), as OpenAI's legacy
+API did. `suffix` (fill-in-the-middle) and `best_of` above 1 change what must be generated, so
+they are refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mtplx.server.api_error import bad_request
-from mtplx.server.openai_request import flag
+from mtplx.server.openai_request import flag, stream_flag
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,8 @@ def parse(body: dict, vocab_size: int, n: int = 1) -> list[CompletionPrompt]:
         raise bad_request(f"{len(batch)} prompts x n = {n} asks for {len(batch) * n} completions; at most {MOST_TURNS} "
                           "a request", "prompt")
     echo = flag(body, "echo")
-    if echo and body.get("logprobs") is not None:
-        raise bad_request("echo with logprobs (the prompt's own log-probabilities) is not supported", "echo")
+    if echo and body.get("logprobs") is not None and stream_flag(body):
+        raise bad_request("echo with logprobs (the prompt scored too) is answered whole, not streamed", "stream")
     if body.get("suffix"):
         raise bad_request("suffix (fill-in-the-middle) is not supported by this server", "suffix")
     best_of = body.get("best_of")

@@ -41,6 +41,7 @@ class ChatCall:
     strict_tools: tuple[str, ...] = ()  # tools whose calls must follow their schema (`strict: true`)
     n: int = 1  # choices asked for (chat's `n`): that many turns of the same prompt, decoded together
     call_grammar: object = None  # a tool call's body held to the tools (ToolRules.compile), when encoded
+    prompt_logprobs: int | None = None  # a text completion's echo + logprobs: the prompt scored too
 
 
 def _reject_constant(name: str):

@@ -166,10 +166,22 @@ def text_completions(model: str, fins: list[Finished], logprobs: bool, echoes: l
     `echoes[i]`: what goes before choice i's text."""
     return {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
             "model": model, "choices": [{"index": i, "text": echo + fin.text,
-                                         "logprobs": legacy_logprobs(fin.logprobs) if logprobs else None,
+                                         "logprobs": _text_logprobs(fin, echo) if logprobs else None,
                                          "finish_reason": "length" if fin.finish_reason == "length" else "stop"}
                                         for i, (fin, echo) in enumerate(zip(fins, echoes))],
             "usage": usage_of(fins, n)}
+
+
+def _text_logprobs(fin: Finished, echo: str) -> dict:
+    """A text choice's legacy logprobs: with an echoed, scored prompt, its tokens come first (the
+    first has no log-probability: nothing comes before it, as OpenAI reports it)."""
+    if not echo or not fin.prompt_logprobs:
+        return legacy_logprobs(fin.logprobs)
+    scored = legacy_logprobs(fin.prompt_logprobs)
+    whole = legacy_logprobs(fin.prompt_logprobs + tuple(fin.logprobs), len(echo) - sum(len(t) for t in scored["tokens"]))
+    first = echo[: whole["text_offset"][0]]
+    return {"tokens": [first] + whole["tokens"], "token_logprobs": [None] + whole["token_logprobs"],
+            "top_logprobs": [None] + whole["top_logprobs"], "text_offset": [0] + whole["text_offset"]}
 
 
 class TextCompletionStream(_Choice):

@@ -148,7 +148,7 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
                                    prediction=call.prediction_ids)
         else:  # a text completion: a prompt, no chat
             request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text,
-                                        output_rule=output_rule)
+                                        output_rule=output_rule, prompt_logprobs=call.prompt_logprobs)
         sub = engine.submit(request)
     except RequestError as exc:
         raise bad_request(str(exc), "messages", "context_length_exceeded" if "context window" in str(exc) else None) from None
