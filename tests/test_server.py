@@ -562,6 +562,31 @@ def test_echo_with_logprobs_scores_the_prompt(server):
     assert batch["choices"][0]["logprobs"]["token_logprobs"][: len(ids)] == lp["token_logprobs"][: len(ids)]
 
 
+def test_vllm_tokenizer_endpoints_answer_as_lm_eval_reads_them(server):
+    """lm-evaluation-harness's local-completions asks GET /tokenizer_info (needs eos_token) and
+    POST /tokenize before it runs; without them it wants a Hugging Face tokenizer id. A text's
+    tokens, a chat's (the very prompt the chat route prefills), and back again."""
+    url, engine = server[0], server[1]
+    tokenizer = engine.checkpoint.tokenizer
+    info = httpx.get(url + "/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == tokenizer.eos_token and info["chat_template"] and info["model_max_length"] > 0
+    text = "def main():\n    print('hello')"
+    made = httpx.post(url + "/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=30).json()
+    assert made["tokens"] == tokenizer.encode(text, add_special_tokens=False) and made["count"] == len(made["tokens"])
+    back = httpx.post(url + "/detokenize", json={"tokens": made["tokens"]}, timeout=30).json()
+    assert back == {"prompt": text}
+    messages = [{"role": "user", "content": "What does app.py do?"}]
+    chat = httpx.post(url + "/tokenize", json={"messages": messages, "return_token_strs": True}, timeout=30).json()
+    served = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 1}, timeout=60).json()
+    assert chat["count"] == served["usage"]["prompt_tokens"] and len(chat["token_strs"]) == chat["count"]
+    bare = httpx.post(url + "/tokenize", json={"messages": messages, "add_generation_prompt": False}, timeout=30).json()
+    assert chat["tokens"][: bare["count"]] == bare["tokens"] and bare["count"] < chat["count"]
+    for route, body, param in (("/tokenize", {"prompt": 5}, "prompt"), ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+                               ("/detokenize", {"tokens": "12"}, "tokens")):
+        r = httpx.post(url + route, json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, body
+
+
 def _streamed_choices(url: str, body: dict) -> tuple[dict, dict | None]:
     """A streamed /v1/completions answer: each choice's text by index, and the usage chunk."""
     streamed, usage = {}, None

@@ -22,9 +22,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from mtplx.bank.watch import BankWatch
+from mtplx.chat import render
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
-from mtplx.server import anthropic_map, completion_prompt, cors, openai_response, output_format, responses
+from mtplx.server import anthropic_map, completion_prompt, cors, openai_response, output_format, responses, tokenizer_api
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.metrics import Metrics
@@ -333,6 +334,29 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         raw, body = await body_of(request)
         call = anthropic_map.parse_messages_call(body, defaults, limit(), require_max_tokens=False, signer=signer)
         return {"input_tokens": len(await encoded(engine, cache, call, "count_tokens", raw))}
+
+    # -- vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer) ----------------
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return tokenizer_api.info(tokenizer, limit())
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        raw, body = await body_of(request)
+        if "messages" not in body:
+            tokens = await asyncio.to_thread(tokenizer_api.prompt_tokens, body, tokenizer)
+        elif body.get("add_generation_prompt", True) is not False:  # the prompt the chat route would run
+            tokens = await encoded(engine, cache, parse_chat(body, defaults, limit()), "tokenize", raw)
+        else:
+            call = parse_chat(body, defaults, limit())
+            tokens = await asyncio.to_thread(lambda: render(tokenizer, call.messages, call.tools, add_generation_prompt=False,
+                                                            enable_thinking=call.enable_thinking))
+        return tokenizer_api.answer(tokens, tokenizer, limit(), body)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        raw, body = await body_of(request)
+        return await asyncio.to_thread(tokenizer_api.detokenized, body, tokenizer)
 
     return app
 
