@@ -42,6 +42,28 @@ def test_each_token_gets_the_log_probability_a_plain_forward_gives(dense_engine,
         assert sum(math.exp(lp) for _, _, lp in entry.top) <= 1 + 1e-5
 
 
+def test_a_scored_prompt_gets_what_a_plain_forward_gives(dense_engine, tokenizer, monkeypatch):
+    """request.prompt_logprobs: prompt token j's log-probability given tokens < j and its n best
+    alternatives, likeliest first, over 64-token prefill chunks cut into 16-position logits blocks."""
+    from mtplx.catalog import resolve
+    from mtplx.engine import generation
+    from mtplx.engine.checkpoint import load_trunk
+
+    monkeypatch.setattr(generation, "SCORE_BLOCK", 16)
+    prompt = _prompt(tokenizer, "Explain what src/ledger/events.py does and how the replay uses it. " * 4)
+    fin = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=2), prompt_logprobs=3)).result()
+    assert len(prompt) > 64 and [e.token for e in fin.prompt_logprobs] == list(prompt[1:])
+    model = load_trunk(resolve("tiny-dense")).model
+    model.set_dtype(mx.float32)
+    logits = model(mx.array([list(prompt)]))[0].astype(mx.float32)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    for j, entry in enumerate(fin.prompt_logprobs):
+        assert abs(entry.logprob - logp[j, entry.token].item()) < 2e-3
+        assert [t for t, _, _ in entry.top] == mx.argsort(-logp[j])[:3].tolist()
+    plain = dense_engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=2))).result()
+    assert plain.prompt_logprobs == () and plain.token_ids == fin.token_ids
+
+
 def test_mtp_with_log_probabilities_keeps_the_ar_tokens(engine, tokenizer):
     prompt = _prompt(tokenizer)
     plain = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40), use_mtp=False)).result()

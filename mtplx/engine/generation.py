@@ -43,6 +43,7 @@ ONE_THREAD_UP_TO = 64
 # At most this many plain steps after a first token that shows the client nothing, before the MTP
 # head's prompt KV is computed (first_token): enough for `<think>` + newline.
 HIDDEN_LEAD = 2
+SCORE_BLOCK = 256  # prompt positions scored per logits block (request.prompt_logprobs)
 
 
 class Generation:
@@ -168,8 +169,11 @@ class Generation:
         hidden = self.runner.hidden(prompt[begin:end], state.trunk)
         if self.request.prompt_logprobs is not None:  # position j scores prompt token j + 1
             targets = prompt[begin + 1 : end + 1]
-            self.prompt_logprobs += of_positions(self.runner.logits(hidden)[0, : len(targets)], targets,
-                                                 self.request.prompt_logprobs, self.runner.checkpoint.tokenizer)
+            # in blocks: a chunk's logits over a 150k vocabulary would be ~0.6 GB per 1k positions
+            for at in range(0, len(targets), SCORE_BLOCK):
+                self.prompt_logprobs += of_positions(
+                    self.runner.logits(hidden[0, at : min(at + SCORE_BLOCK, len(targets))]), targets[at : at + SCORE_BLOCK],
+                    self.request.prompt_logprobs, self.runner.checkpoint.tokenizer)
         if self.use_mtp and state.mtp is not None:
             # Pair each hidden with the prompt token after it; the last prompt position
             # pairs with the first generated token later. A restore may hand over one

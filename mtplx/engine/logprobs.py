@@ -39,9 +39,12 @@ def of_positions(logits, tokens: list[int], n: int, tokenizer) -> list[TokenLogp
     logits = logits.astype(mx.float32)
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     chosen = mx.take_along_axis(logp, mx.array(tokens)[:, None], axis=-1)[:, 0]
-    if n:
-        best = mx.argsort(-logp, axis=-1)[:, :n]
-        best_ids, best_lp = best.tolist(), mx.take_along_axis(logp, best, axis=-1).tolist()
+    if n:  # the n best per row, without sorting a whole vocabulary per position
+        best = mx.argpartition(-logp, n - 1, axis=-1)[:, :n]
+        best_lp = mx.take_along_axis(logp, best, axis=-1)
+        order = mx.argsort(-best_lp, axis=-1)
+        best_ids = mx.take_along_axis(best, order, axis=-1).tolist()
+        best_lp = mx.take_along_axis(best_lp, order, axis=-1).tolist()
     else:
         best_ids = best_lp = [[] for _ in tokens]
     return [TokenLogprob(token, _text(tokenizer, token), lp,
