@@ -64,9 +64,13 @@ def softmax(scores: mx.array) -> mx.array:
 
 
 _mlx_attention = mx.fast.scaled_dot_product_attention
-# Below this many scores per call MLX's kernel is as fast (a verify at short context, AR decode):
-# the exponent is not what such a call costs.
-SMALL = 16384
+# Below this many scores per row MLX's kernel is as fast (a verify at short context, AR decode):
+# the exponent is not what such a call costs. Measured on one MKL thread (a verify's), 4 query
+# heads over 2 key heads: MLX / this at 3-4 queries over 400-900 keys 1.2-1.6x, over 100-200 keys
+# 0.3-1.0x; the crossover sits near 4k scores. At 16k (the first threshold) a verify over
+# 300-1,400 keys kept MLX's kernel: in one process, alternating, an MTP round at ~500 tokens of
+# context took 3.31 ms with it and 2.59 ms with this, a 4-row batch's round 8.21 and 6.71 ms.
+SMALL = 4096
 
 
 def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
