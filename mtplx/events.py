@@ -219,11 +219,9 @@ def event_from_dict(data: dict) -> EngineEvent | None:
         kwargs["token_ids"] = tuple(kwargs["token_ids"])
     if "pieces" in kwargs:
         kwargs["pieces"] = tuple(Piece(**p) for p in kwargs["pieces"])
-    if kwargs.get("logprobs"):
-        kwargs["logprobs"] = tuple(TokenLogprob(**{**p, "top": tuple(tuple(t) for t in p["top"])})
-                                   for p in kwargs["logprobs"])
-    elif "logprobs" in kwargs:
-        kwargs["logprobs"] = ()
+    for name in ("logprobs", "prompt_logprobs"):
+        if name in kwargs:
+            kwargs[name] = tuple(TokenLogprob(**{**p, "top": tuple(tuple(t) for t in p["top"])}) for p in kwargs[name] or ())
     if cls is Queued and isinstance(data.get("request"), dict):
         from types import SimpleNamespace
 
