@@ -18,17 +18,7 @@ def of_rows(logits, tokens: list[int], n: int, tokenizer) -> list[TokenLogprob]:
 
 def of(logits, token: int, n: int, tokenizer) -> TokenLogprob:
     """`token`'s entry from one position's logits (last axis = vocabulary)."""
-    import mlx.core as mx
-
-    logits = logits.astype(mx.float32).reshape(-1)
-    logp = logits - mx.logsumexp(logits)
-    top = ()
-    if n:
-        best = mx.argpartition(-logp, n - 1)[:n]
-        best = best[mx.argsort(-logp[best])]
-        top = tuple((i, _text(tokenizer, i), v) for i, v in zip(best.tolist(), logp[best].tolist())
-                    if v > float("-inf"))
-    return TokenLogprob(token, _text(tokenizer, token), float(logp[token].item()), top)
+    return of_positions(logits.reshape(1, -1), [token], n, tokenizer)[0]
 
 
 def of_positions(logits, tokens: list[int], n: int, tokenizer) -> list[TokenLogprob]:
