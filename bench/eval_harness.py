@@ -1,7 +1,7 @@
 """lm-evaluation-harness against `mtplx serve`, as its users run it: `--model local-completions`,
 only the base URL and model name given. Not part of CI (it installs lm_eval and torch).
 
-    python bench/eval_harness.py [--venv ~/.cache/mtplx-lm-eval] [--model tiny-dense]
+    python bench/eval_harness.py [--venv ~/.cache/mtplx-lm-eval] [--model NAME_OR_DIR]
 
 lm_eval is installed (once) into its own virtual environment. Two small tasks are written from
 local data (no data set hub is reachable): a multiple-choice one, scored by log-likelihood
@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import agents  # noqa: E402
 from agents import free_port, serve  # noqa: E402
 
 QUESTIONS = [("What does print do in Python?", ["It writes text to the screen", "It deletes a file", "It opens a socket"], 0),
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--venv", type=Path, default=Path.home() / ".cache" / "mtplx-lm-eval")
     parser.add_argument("--model", default="tiny-dense")
     args = parser.parse_args()
+    agents.SERVED = args.model  # what the server loads; the requests name it as `mtplx serve` does
+    name = Path(args.model).name if Path(args.model).is_dir() else args.model
     exe = installed(args.venv)
     root = Path(tempfile.mkdtemp(prefix="mtplx-lm-eval-"))
     tasks(root)
@@ -75,7 +78,7 @@ def main() -> None:
     try:
         env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
         run = subprocess.run([str(exe), "--model", "local-completions", "--model_args",
-                              f"model={args.model},base_url={url}/v1/completions,num_concurrent=1,max_retries=1",
+                              f"model={name},base_url={url}/v1/completions,num_concurrent=1,max_retries=1",
                               "--tasks", "mtplx_mc,mtplx_gen", "--include_path", str(root), "--batch_size", "4",
                               "--log_samples", "--output_path", str(root / "out")],
                              cwd=root, env=env, capture_output=True, text=True)
