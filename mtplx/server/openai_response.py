@@ -177,9 +177,9 @@ def _text_logprobs(fin: Finished, echo: str) -> dict:
     first has no log-probability: nothing comes before it, as OpenAI reports it)."""
     if not echo or not fin.prompt_logprobs:
         return legacy_logprobs(fin.logprobs)
-    scored = legacy_logprobs(fin.prompt_logprobs)
-    whole = legacy_logprobs(fin.prompt_logprobs + tuple(fin.logprobs), len(echo) - sum(len(t) for t in scored["tokens"]))
-    first = echo[: whole["text_offset"][0]]
+    second = max(0, len(echo) - sum(len(e.text) for e in fin.prompt_logprobs))  # where token 2's text starts
+    whole = legacy_logprobs(fin.prompt_logprobs + tuple(fin.logprobs), second)
+    first = echo[:second]
     return {"tokens": [first] + whole["tokens"], "token_logprobs": [None] + whole["token_logprobs"],
             "top_logprobs": [None] + whole["top_logprobs"], "text_offset": [0] + whole["text_offset"]}
 
