@@ -169,11 +169,12 @@ class Generation:
         hidden = self.runner.hidden(prompt[begin:end], state.trunk)
         if self.request.prompt_logprobs is not None:  # position j scores prompt token j + 1
             targets = prompt[begin + 1 : end + 1]
+            rows = hidden[0, : len(targets)]  # the prompt's last position scores the reply, not the prompt
             # in blocks: a chunk's logits over a 150k vocabulary would be ~0.6 GB per 1k positions
             for at in range(0, len(targets), SCORE_BLOCK):
-                self.prompt_logprobs += of_positions(
-                    self.runner.logits(hidden[0, at : min(at + SCORE_BLOCK, len(targets))]), targets[at : at + SCORE_BLOCK],
-                    self.request.prompt_logprobs, self.runner.checkpoint.tokenizer)
+                self.prompt_logprobs += of_positions(self.runner.logits(rows[at : at + SCORE_BLOCK]),
+                                                     targets[at : at + SCORE_BLOCK], self.request.prompt_logprobs,
+                                                     self.runner.checkpoint.tokenizer)
         if self.use_mtp and state.mtp is not None:
             # Pair each hidden with the prompt token after it; the last prompt position
             # pairs with the first generated token later. A restore may hand over one

@@ -345,12 +345,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         raw, body = await body_of(request)
         if "messages" not in body:
             tokens = await asyncio.to_thread(tokenizer_api.prompt_tokens, body, tokenizer)
-        elif body.get("add_generation_prompt", True) is not False:  # the prompt the chat route would run
-            tokens = await encoded(engine, cache, parse_chat(body, defaults, limit()), "tokenize", raw)
         else:
             call = parse_chat(body, defaults, limit())
-            tokens = await asyncio.to_thread(lambda: render(tokenizer, call.messages, call.tools, add_generation_prompt=False,
-                                                            enable_thinking=call.enable_thinking))
+            if body.get("add_generation_prompt", True) is not False:  # the prompt the chat route would run
+                tokens = await encoded(engine, cache, call, "tokenize", raw)
+            else:
+                tokens = await asyncio.to_thread(lambda: render(tokenizer, call.messages, call.tools,
+                                                                add_generation_prompt=False, enable_thinking=call.enable_thinking))
         return tokenizer_api.answer(tokens, tokenizer, limit(), body)
 
     @app.post("/detokenize")
