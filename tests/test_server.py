@@ -181,6 +181,9 @@ BAD = [b"{not json", b"[]", b'"x"', b"42", b"null", b'{"messages": "hi"}', b'{"m
        b'{"name": "f", "parameters": "none"}}]}',
        b'{"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}',
        b'{"messages": [{"role": "user", "content": "x"}], "web_search_options": {}}',
+       b'{"messages": [{"role": ["user"], "content": "x"}]}',  # unhashable where a name belongs
+       b'{"messages": [{"role": {"a": 1}, "content": "x"}]}',
+       b'{"messages": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]}',
        b'{"a": ' * 50_000 + b"1" + b"}" * 50_000,  # past the parser's recursion limit
        b'{"messages": [{"role": "user", "content": "x"}], "x": ' + b"[" * 200 + b"]" * 200 + b"}"]
 
@@ -223,6 +226,29 @@ def test_more_bad_input_and_routes(server, client):
         assert r.status_code == 400 and r.json()["error"]["param"] in ("tools[0].parameters", "max_output_tokens"), r.text
     # and the next normal request works
     assert client.chat.completions.create(model="tiny-dense", messages=ask(), max_tokens=5).usage.completion_tokens == 5
+
+
+def test_an_unexpected_error_is_a_json_500_and_the_connection_stays_usable(server, monkeypatch):
+    import mtplx.server.app as app_module
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app_module, "parse_chat", broken)
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    with httpx.Client(base_url=server[0]) as c:
+        first = c.post("/v1/chat/completions", json=body)
+        assert first.status_code == 500 and first.json()["error"]["type"] == "server_error"
+        assert "a bug" not in first.text  # details stay in the server's log
+        port = first.extensions["network_stream"].get_extra_info("socket").getsockname()[1]
+        monkeypatch.undo()
+        # the kept-alive connection serves the next request (uvicorn dropped it after a 500 before)
+        second = c.post("/v1/chat/completions", json=body)
+        assert second.status_code == 200, second.text
+        assert second.extensions["network_stream"].get_extra_info("socket").getsockname()[1] == port
+    # a bad part in Responses input is a 400 too, not a crash
+    r = httpx.post(server[0] + "/v1/responses", json={"input": [{"role": "user", "content": [{"type": ["x"], "text": "x"}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[0]", r.text
 
 
 def test_dropped_stream_cancels_generation(server):

@@ -72,9 +72,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     # -- errors -----------------------------------------------------------------------------
     def shaped(request: Request, err: ApiError) -> JSONResponse:
-        """The Anthropic routes answer errors in Anthropic's shape, the others in OpenAI's."""
-        anthropic = request.url.path.startswith("/v1/messages")
-        return JSONResponse(anthropic_map.error_body(err.status, err.message) if anthropic else err.body(), status_code=err.status)
+        return _shaped(request.url.path, err)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
@@ -92,10 +90,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
-        rid = "req_" + uuid.uuid4().hex[:12]
-        log.exception("internal error %s on %s", rid, request.url.path)
-        detail = f": {type(exc).__name__}: {exc}" if os.environ.get("MTPLX_DEBUG_ERRORS") == "1" else ""
-        return shaped(request, ApiError(500, f"internal server error (request id {rid}){detail}", None, "server_error", rid))
+        # Only what escapes Guard (which answers the rest itself) reaches this one.
+        return _internal_error(request.url.path, exc)
 
     app.add_middleware(Guard, api_key=api_key, metrics=metrics, router=app.router)
     cors.install(app, cors_origins)  # outermost: a browser's preflight is answered before the key check
@@ -478,6 +474,19 @@ def _route_of(app, scope) -> str:
     return "unmatched"
 
 
+def _shaped(path: str, err: ApiError) -> JSONResponse:
+    """The Anthropic routes answer errors in Anthropic's shape, the others in OpenAI's."""
+    anthropic = path.startswith("/v1/messages")
+    return JSONResponse(anthropic_map.error_body(err.status, err.message) if anthropic else err.body(), status_code=err.status)
+
+
+def _internal_error(path: str, exc: BaseException) -> JSONResponse:
+    rid = "req_" + uuid.uuid4().hex[:12]
+    log.error("internal error %s on %s", rid, path, exc_info=exc)
+    detail = f": {type(exc).__name__}: {exc}" if os.environ.get("MTPLX_DEBUG_ERRORS") == "1" else ""
+    return _shaped(path, ApiError(500, f"internal server error (request id {rid}){detail}", None, "server_error", rid))
+
+
 class Guard:
     """The API key check and per-route status counts, as plain ASGI: Starlette's function
     middleware wraps `receive`, which hides a client's disconnect from the handler (a dropped
@@ -501,15 +510,23 @@ class Guard:
                 self.metrics.request(path, 401)
                 return
         status = 500
+        started = False
 
         async def send_counted(message):
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
             await send(message)
 
         try:
             await self.app(scope, receive, send_counted)
+        except Exception as exc:
+            if started:  # a stream cut short: only closing the connection tells the client
+                raise
+            # Answered here rather than by Starlette's outermost handler, which re-raises after
+            # its 500 and so makes uvicorn drop the connection: a client's next request on that
+            # kept-alive connection would then fail with a reset instead of being served.
+            await _internal_error(scope["path"], exc)(scope, receive, send_counted)
         finally:
             self.metrics.request(path, status)
 

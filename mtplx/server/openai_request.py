@@ -96,7 +96,7 @@ def message_text(content, param: str) -> str:
     if isinstance(content, list):
         parts = []
         for i, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") in OPENAI_MEDIA:
+            if isinstance(part, dict) and isinstance(part.get("type"), str) and part["type"] in OPENAI_MEDIA:
                 parts.append(placeholder(part))
                 continue
             if isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
@@ -118,7 +118,7 @@ def parse_messages(raw) -> list[dict]:
         if not isinstance(m, dict):
             raise bad_request(f"{p} must be an object", p)
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise bad_request(f"{p}.role must be one of {sorted(ROLES)}, got {role!r}", f"{p}.role")
         msg = {"role": "system" if role == "developer" else role, "content": message_text(m.get("content"), f"{p}.content")}
         if role == "assistant":

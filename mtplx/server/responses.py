@@ -42,6 +42,7 @@ def _text(content, p: str) -> str:
     parts = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        kind = kind if isinstance(kind, str) else None  # a list or object here is a bad part, not a crash
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             parts.append(_check_text(part["text"], f"{p}[{i}].text"))
         elif kind in OPENAI_MEDIA:
