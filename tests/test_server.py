@@ -181,6 +181,7 @@ BAD = [b"{not json", b"[]", b'"x"', b"42", b"null", b'{"messages": "hi"}', b'{"m
        b'{"name": "f", "parameters": "none"}}]}',
        b'{"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}',
        b'{"messages": [{"role": "user", "content": "x"}], "web_search_options": {}}',
+       b'{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "x"}',
        b'{"messages": [{"role": ["user"], "content": "x"}]}',  # unhashable where a name belongs
        b'{"messages": [{"role": {"a": 1}, "content": "x"}]}',
        b'{"messages": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]}',
@@ -249,6 +250,25 @@ def test_an_unexpected_error_is_a_json_500_and_the_connection_stays_usable(serve
     # a bad part in Responses input is a 400 too, not a crash
     r = httpx.post(server[0] + "/v1/responses", json={"input": [{"role": "user", "content": [{"type": ["x"], "text": "x"}]}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[0]", r.text
+
+
+def test_reasoning_effort_none_turns_thinking_off_on_chat_as_on_responses(server):
+    url = server[0] + "/v1/chat/completions"
+    base = {"messages": ask(), "max_tokens": 12, "temperature": 0}
+    off = httpx.post(url, json={**base, "enable_thinking": False}).json()
+    for effort in ("none", "minimal"):
+        r = httpx.post(url, json={**base, "reasoning_effort": effort}).json()
+        assert r["choices"][0]["message"] == off["choices"][0]["message"]
+        assert r["usage"]["prompt_tokens"] == off["usage"]["prompt_tokens"]
+    default = httpx.post(url, json=base).json()
+    assert httpx.post(url, json={**base, "reasoning_effort": "xhigh"}).json()["usage"] == default["usage"]
+    assert default["usage"]["prompt_tokens"] != off["usage"]["prompt_tokens"]  # the switch reached the template
+    bad = [(url, {**base, "reasoning_effort": 5}, "reasoning_effort"),
+           (server[0] + "/v1/responses", {"input": "x", "reasoning": "high"}, "reasoning"),
+           (server[0] + "/v1/responses", {"input": "x", "reasoning": {"effort": ["low"]}}, "reasoning.effort")]
+    for route, body, param in bad:
+        r = httpx.post(route, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_dropped_stream_cancels_generation(server):

@@ -109,6 +109,17 @@ def message_text(content, param: str) -> str:
     raise bad_request(f"{param} must be a string or a list of text parts", param)
 
 
+def thinking_for_effort(effort, param: str) -> bool | None:
+    """OpenAI's reasoning effort as the template's thinking switch: "none" and "minimal" turn
+    thinking off; any other level leaves the template's default (a local model has no effort
+    dial). Unknown level names pass, since clients send newer ones (Codex's "xhigh")."""
+    if effort is None:
+        return None
+    if not isinstance(effort, str):
+        raise bad_request(f"{param} must be a string such as 'low' or 'high'", param)
+    return False if effort in ("none", "minimal") else None
+
+
 def parse_messages(raw) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages must be a non-empty list", "messages")
@@ -301,7 +312,12 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
     options = options or {}
     if not isinstance(options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
-    thinking = body.get("enable_thinking", (body.get("chat_template_kwargs") or {}).get("enable_thinking"))
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
+    thinking = body.get("enable_thinking", kwargs.get("enable_thinking"))
+    if thinking is None:
+        thinking = thinking_for_effort(body.get("reasoning_effort"), "reasoning_effort")
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be a boolean", "enable_thinking")
     start = None

@@ -22,7 +22,8 @@ from mtplx.server import output_format
 from mtplx.server.api_error import bad_request
 from mtplx.server.context import check_max_tokens
 from mtplx.server.media import OPENAI_MEDIA, placeholder
-from mtplx.server.openai_request import ChatCall, _check_text, check_schema, flag, sampling_from, stream_flag, strict_names
+from mtplx.server.openai_request import (ChatCall, _check_text, check_schema, flag, sampling_from, stream_flag, strict_names,
+                                         thinking_for_effort)
 from mtplx.server.openai_response import token_logprobs
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
@@ -156,9 +157,10 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     if body.get("max_output_tokens") is not None:  # checked under its own name
         mapped["max_tokens"] = check_max_tokens(body["max_output_tokens"], "max_output_tokens")
     stream = stream_flag(body)
-    reasoning = body.get("reasoning")
-    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
-    thinking = False if effort in ("none", "minimal") else None
+    reasoning = body.get("reasoning") or {}
+    if not isinstance(reasoning, dict):
+        raise bad_request("reasoning must be an object such as {'effort': 'low'}", "reasoning")
+    thinking = thinking_for_effort(reasoning.get("effort"), "reasoning.effort")
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
                     from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")), schema,
                     strict_tools=strict_names(body.get("tools")))
