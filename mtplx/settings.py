@@ -32,11 +32,19 @@ def save_settings(settings: dict) -> None:
 
 
 def tuned_default(identity: str) -> dict | None:
-    """{"mtp": bool, "depth": int} measured by `mtplx tune` for this model identity, if any."""
-    return load_settings().get("tuned", {}).get(identity)
+    """{"mtp": bool, "depth": int} measured by `mtplx tune` for this model identity, if any.
+    An entry of another shape (a hand-edited file) counts as none: the built-in defaults apply."""
+    tuned = load_settings().get("tuned")
+    entry = tuned.get(identity) if isinstance(tuned, dict) else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("mtp"), bool):
+        return None
+    depth = entry.get("depth")
+    return entry if isinstance(depth, int) and not isinstance(depth, bool) and 1 <= depth <= 8 else None
 
 
 def store_tuned(identity: str, mtp: bool, depth: int, measured: dict) -> None:
     settings = load_settings()
-    settings.setdefault("tuned", {})[identity] = {"mtp": mtp, "depth": depth, "measured": measured}
+    if not isinstance(settings.get("tuned"), dict):
+        settings["tuned"] = {}
+    settings["tuned"][identity] = {"mtp": mtp, "depth": depth, "measured": measured}
     save_settings(settings)

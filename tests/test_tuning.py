@@ -46,3 +46,16 @@ def test_a_failed_settings_write_keeps_the_old_file_whole(tmp_path, monkeypatch)
         settings.store_tuned("model-b", False, 1, {"ar": 1.0})
     assert settings.tuned_default("model-a")["depth"] == 3 and settings.tuned_default("model-b") is None
     assert [p.name for p in tmp_path.iterdir()] == ["settings.json"]  # no temp file left
+
+
+@pytest.mark.parametrize("text", ['{"tuned": []}', '{"tuned": {"m": "fast"}}', '{"tuned": {"m": {"mtp": "yes", "depth": 2}}}',
+                                  '{"tuned": {"m": {"mtp": true, "depth": "3"}}}', '{"tuned": {"m": {"mtp": true, "depth": 0}}}',
+                                  "[1, 2]", "{not json"])
+def test_a_hand_edited_settings_file_of_another_shape_means_the_defaults(tmp_path, monkeypatch, text):
+    import mtplx.settings as settings
+
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path))
+    (tmp_path / "settings.json").write_text(text)
+    assert settings.tuned_default("m") is None
+    settings.store_tuned("m", True, 3, {"ar": 1.0})  # and a new tuning replaces what could not be read
+    assert settings.tuned_default("m")["depth"] == 3
