@@ -261,3 +261,68 @@ def test_allowed_tools_and_the_responses_named_form_pick_the_tools_a_call_may_na
         r = httpx.post(url + "/v1/chat/completions", json={**chat, "tool_choice": bad}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"].startswith("tool_choice"), bad
 
+
+
+SPAWN = {"type": "function", "name": "spawn_agent", "description": "Start a sub-agent on a task.",
+         "parameters": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"],
+                        "additionalProperties": False}}
+AGENTS = {"type": "namespace", "name": "multi_agent_v1", "description": "Tools for sub-agents.",
+          "tools": [SPAWN, {"type": "function", "name": "close_agent", "parameters": {"type": "object"}}]}
+
+
+def test_namespace_tool_names_stay_plain_unless_two_tools_share_one():
+    from mtplx.server.tool_namespaces import ToolNames
+
+    names = ToolNames.of([{"type": "function", "name": "exec_command"}, AGENTS, {"type": "web_search"}])
+    assert names.called("spawn_agent") == ("multi_agent_v1", "spawn_agent")
+    assert names.called("exec_command") == (None, "exec_command")
+    assert names.shown("multi_agent_v1", "close_agent") == "close_agent" and names.shown(None, "x") == "x"
+    clash = ToolNames.of([{"type": "function", "name": "spawn_agent"}, AGENTS,
+                          {"type": "namespace", "name": "other", "tools": [SPAWN]}])
+    assert clash.called("spawn_agent") == (None, "spawn_agent")  # the top-level tool keeps its name
+    assert clash.called("multi_agent_v1.spawn_agent") == ("multi_agent_v1", "spawn_agent")
+    assert clash.shown("other", "spawn_agent") == "other.spawn_agent"
+    assert ToolNames.of("junk").origin == {} and ToolNames.of([{"type": "namespace", "name": "n", "tools": 5}]).origin == {}
+
+
+def test_a_namespace_tools_call_names_its_namespace_as_codex_needs(tiny_dense_bank_url):
+    """Codex declares its sub-agent tools in a `namespace` tool, and runs a call only when it
+    comes back with that `namespace` ("unsupported call: spawn_agent" otherwise: measured with
+    codex-cli 0.171 against a scripted server). They were not described to the model at all."""
+    import time
+
+    import httpx
+
+    url = tiny_dense_bank_url + "/v1/responses"
+    # a top-level tool of the same name: the namespace's is shown to the model as multi_agent_v1.spawn_agent
+    tools = [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object", "properties": {
+        "cmd": {"type": "string"}}, "required": ["cmd"]}}, AGENTS, {"type": "web_search"}]
+    body = {"model": "m", "max_output_tokens": 160, "temperature": 0, "reasoning": {"effort": "none"},
+            "input": "Ask a helper to summarise NOTES.md", "tools": tools,
+            "tool_choice": {"type": "function", "name": "spawn_agent", "namespace": "multi_agent_v1"}}
+    whole = httpx.post(url, timeout=120, json=body).json()
+    call = next(item for item in whole["output"] if item["type"] == "function_call")
+    assert (call["name"], call["namespace"]) == ("spawn_agent", "multi_agent_v1"), call
+    assert set(json.loads(call["arguments"])) == {"message"}  # the namespace's schema held the call
+    # Sent back as Codex does, the call renders as the model wrote it, so once render-ahead has
+    # prepared the history the bank restores all of it (a call rendered under another name would
+    # stop the restore before the call).
+    for _ in range(600):
+        health = httpx.get(tiny_dense_bank_url + "/health").json()
+        if not health["busy"] and not health.get("idle_work"):
+            break
+        time.sleep(0.1)
+    follow = {**body, "tool_choice": "auto", "max_output_tokens": 8,
+              "input": [{"type": "message", "role": "user", "content": body["input"]}, call,
+                        {"type": "function_call_output", "call_id": call["call_id"], "output": '{"agent_id": "a1"}'}]}
+    again = httpx.post(url, timeout=120, json=follow).json()
+    first = whole["usage"]["input_tokens"] + whole["usage"]["output_tokens"]
+    assert again["usage"]["input_tokens_details"]["cached_tokens"] >= first - 2, (again["usage"], first)
+    with httpx.stream("POST", url, timeout=120, json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    added = next(e["item"] for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call")
+    done = next(e["item"] for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call")
+    assert added["namespace"] == done["namespace"] == "multi_agent_v1" and done["arguments"] == call["arguments"]
+    bad = httpx.post(url, timeout=120, json={**body, "tools": [{"type": "namespace", "name": "n", "tools": [
+        {"type": "function", "name": "f", "parameters": "x"}]}], "tool_choice": "auto"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools[0].tools[0].parameters"

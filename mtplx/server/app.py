@@ -251,7 +251,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
         def keep(fin):  # what a follow-up naming this response renders as its history, and the response
             if body.get("store") is not False:
-                response_store.put(built.id, call.messages + responses.output_messages(built.output),
+                response_store.put(built.id, call.messages + responses.output_messages(built.output, built.names),
                                    built.response("completed", fin))
 
         if not call.stream:

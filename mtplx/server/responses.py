@@ -27,6 +27,7 @@ from mtplx.server.openai_request import (ChatCall, _check_text, check_schema, fl
 from mtplx.server.openai_response import token_logprobs
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
+from mtplx.server.tool_namespaces import ToolNames, described
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import from_openai
 
@@ -53,7 +54,10 @@ def _text(content, p: str) -> str:
     return "".join(parts)
 
 
-def to_messages(body: dict, previous: list[dict], signer: Signer | None = None) -> list[dict]:
+def to_messages(body: dict, previous: list[dict], signer: Signer | None = None, names: ToolNames | None = None) -> list[dict]:
+    """`names`: the prompt names of the request's namespace tools, for calls sent back with a
+    `namespace` (they render as the model wrote them, so the bank's prefix still matches)."""
+    names = names or ToolNames()
     out = list(previous)
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions and not previous:
@@ -84,8 +88,10 @@ def to_messages(body: dict, previous: list[dict], signer: Signer | None = None) 
             elif kind == "function_call":
                 if not isinstance(item.get("name"), str):
                     raise bad_request(f"{p}.name must be a string", f"{p}.name")
+                namespace = item.get("namespace") if isinstance(item.get("namespace"), str) else None
                 turn.setdefault("tool_calls", []).append({"id": item.get("call_id") or item.get("id") or f"call_{i}", "type": "function",
-                                                          "function": {"name": item["name"], "arguments": canonical(item.get("arguments", "{}"))}})
+                                                          "function": {"name": names.shown(namespace, item["name"]),
+                                                                       "arguments": canonical(item.get("arguments", "{}"))}})
             else:
                 turn["content"] += _text(item.get("content"), f"{p}.content")
             continue
@@ -114,11 +120,20 @@ def to_tools(raw) -> list[dict] | None:
         return None
     if not isinstance(raw, list):
         raise bad_request("tools must be a list", "tools")
-    tools = []
+    tools, names = [], ToolNames.of(raw)
     for i, t in enumerate(raw):
         if not isinstance(t, dict):
             raise bad_request(f"tools[{i}] must be an object", f"tools[{i}]")
-        if t.get("type") == "function":
+        if t.get("type") == "namespace":
+            if not isinstance(t.get("name"), str) or not isinstance(t.get("tools"), list):
+                raise bad_request(f"tools[{i}] must be {{'type': 'namespace', 'name': ..., 'tools': [...]}}", f"tools[{i}]")
+            for j, f in enumerate(t["tools"]):
+                if isinstance(f, dict) and f.get("type") == "function":
+                    if not isinstance(f.get("name"), str):
+                        raise bad_request(f"tools[{i}].tools[{j}].name must be a string", f"tools[{i}].tools[{j}].name")
+                    check_schema(f.get("parameters"), f"tools[{i}].tools[{j}].parameters")
+            tools += described(t, names)
+        elif t.get("type") == "function":
             if not isinstance(t.get("name"), str):
                 raise bad_request(f"tools[{i}].name must be a string", f"tools[{i}].name")
             check_schema(t.get("parameters"), f"tools[{i}].parameters")
@@ -149,7 +164,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
                               name)
     flag(body, "store", default=True)  # checked here; read where the response is kept (app.py)
     schema = output_format.from_responses(body.get("text"))
-    messages = to_messages(body, store.get(previous) if previous else [], signer)
+    messages = to_messages(body, store.get(previous) if previous else [], signer, ToolNames.of(body.get("tools")))
     tools = to_tools(body.get("tools"))
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
     if logprobs_asked(body):  # the output text's tokens with `top_logprobs` alternatives each (0-20)
@@ -162,8 +177,16 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
         raise bad_request("reasoning must be an object such as {'effort': 'low'}", "reasoning")
     thinking = thinking_for_effort(reasoning.get("effort"), "reasoning.effort")
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
-                    from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")), schema,
+                    from_openai(_choice_shown(body.get("tool_choice"), body.get("tools")), tools, body.get("parallel_tool_calls")), schema,
                     strict_tools=strict_names(body.get("tools")))
+
+
+def _choice_shown(choice, tools):
+    """A named choice of a namespace's function (`{"type": "function", "name", "namespace"}`)
+    under the name the model sees."""
+    if isinstance(choice, dict) and isinstance(choice.get("namespace"), str) and isinstance(choice.get("name"), str):
+        return {**choice, "name": ToolNames.of(tools).shown(choice["namespace"], choice["name"])}
+    return choice
 
 
 def usage(fin: Finished) -> dict:
@@ -187,9 +210,9 @@ def _item(piece_kind: str, text: str = "", name: str | None = None, arguments: s
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
-def output_messages(output: list[dict]) -> list[dict]:
+def output_messages(output: list[dict], names: ToolNames | None = None) -> list[dict]:
     """A response's output items as the chat messages a follow-up renders."""
-    return to_messages({"input": output}, []) if output else []
+    return to_messages({"input": output}, [], names=names) if output else []
 
 
 class ResponseStream:
@@ -205,6 +228,7 @@ class ResponseStream:
         self.model, self.created, self.body = model, int(time.time()), body
         self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
         self.output: list[dict] = []
+        self.names = ToolNames.of(body.get("tools"))
         self.open: dict | None = None
         self.seq = 0
 
@@ -276,7 +300,10 @@ class ResponseStream:
         kind = "message" if p.kind == "content" else p.kind
         if p.kind == "tool_call":
             out += self._close()
-            item = _item("tool_call", name=p.name, arguments=p.arguments)
+            namespace, name = self.names.called(p.name)
+            item = _item("tool_call", name=name, arguments=p.arguments)
+            if namespace is not None:
+                item["namespace"] = namespace
             self.output.append(item)
             index = len(self.output) - 1
             out += [self._event("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}),
