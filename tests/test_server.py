@@ -271,6 +271,77 @@ def test_reasoning_effort_none_turns_thinking_off_on_chat_as_on_responses(server
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
+def test_anthropic_message_threads_hold_the_conversation_for_a_continue(server):
+    """The Anthropic SDK's tool runner threads by default (`thread: create`, then `continue` with
+    only the tool result): the continue reached the model as a lone tool result, without history
+    or tools (a 400 with tool_choice any). Now a continue renders the whole conversation, as the
+    unthreaded request with everything would."""
+    from anthropic import Anthropic
+
+    url = server[0] + "/v1/messages"
+    tools = [{"name": "read_file", "description": "Read a file.", "input_schema": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+    first = [{"role": "user", "content": "Explain what src/ledger/events.py does"}]
+    base = {"model": "m", "max_tokens": 40, "temperature": 0, "system": SYSTEM, "tools": tools,
+            "tool_choice": {"type": "any"}, "thinking": {"type": "disabled"}}
+    for stream in (False, True):
+        body = {**base, "messages": first, "thread": {"type": "create"}, "stream": stream}
+        if stream:
+            with httpx.stream("POST", url, json=body, timeout=120) as r:
+                frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+            reply_id = frames[0]["message"]["id"]
+            use = next(f["content_block"] for f in frames if f["type"] == "content_block_start"
+                       and f["content_block"]["type"] == "tool_use")
+            use["input"] = json.loads("".join(f["delta"]["partial_json"] for f in frames
+                                              if f["type"] == "content_block_delta" and f["delta"]["type"] == "input_json_delta"))
+            content = [use]
+        else:
+            reply = httpx.post(url, json=body, timeout=120).json()
+            reply_id, content = reply["id"], reply["content"]
+            use = next(b for b in content if b["type"] == "tool_use")
+        result = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "def emit(): ..."}]}]
+        cont = httpx.post(url, json={**{k: v for k, v in base.items() if k not in ("system", "tools")}, "messages": result,
+                                     "thread": {"type": "continue", "previous_message_id": reply_id},
+                                     "tool_choice": {"type": "auto"}}, timeout=120)
+        assert cont.status_code == 200, cont.text
+        whole = httpx.post(url + "/count_tokens", json={**base, "messages": first + [{"role": "assistant", "content": content}] + result})
+        got = cont.json()["usage"]
+        assert got["input_tokens"] + got["cache_read_input_tokens"] == whole.json()["input_tokens"]
+        assert got["cache_read_input_tokens"] > 0  # the bank restored the thread's history
+        # and the continue of a continue goes on from there
+        again = httpx.post(url, json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Thanks."}],
+                                      "thread": {"type": "continue", "previous_message_id": cont.json()["id"]}}, timeout=120)
+        assert again.status_code == 200 and again.json()["usage"]["cache_read_input_tokens"] > got["cache_read_input_tokens"]
+    lost = httpx.post(url, json={"model": "m", "max_tokens": 4, "messages": result,
+                                 "thread": {"type": "continue", "previous_message_id": "msg_gone"}})
+    assert lost.status_code == 400 and lost.json()["error"]["details"]["error_code"] == "thread_not_found", lost.text
+    for bad in ({"type": "resume"}, {"type": "continue"}, "create"):
+        r = httpx.post(url, json={"model": "m", "max_tokens": 4, "messages": first, "thread": bad})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    repeated = httpx.post(url, json={**base, "messages": result, "thread": {"type": "continue", "previous_message_id": reply_id}})
+    assert repeated.status_code == 400 and "from the thread" in repeated.json()["error"]["message"]
+
+    # the SDK's own tool runner, threaded as it is by default (in SDKs that have message threads)
+    if not getattr(Anthropic, "_supports_message_threads", False):
+        return
+    from anthropic import beta_tool
+
+    sent = []
+
+    @beta_tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        sent.append(path)
+        return "def emit(): ..."
+
+    client = Anthropic(base_url=server[0], api_key="x", max_retries=0)
+    runner = client.beta.messages.tool_runner(model="m", max_tokens=60, system=SYSTEM, tools=[read_file], thinking={"type": "disabled"},
+                                              messages=first, tool_choice={"type": "any"}, max_iterations=2)
+    replies = list(runner)
+    assert len(replies) == 2 and len(sent) >= 1 and all(m.content for m in replies)
+    assert replies[1].usage.cache_read_input_tokens > 0
+
+
 def test_dropped_stream_cancels_generation(server):
     url, engine = server
     finished = []

@@ -222,10 +222,14 @@ def budget_of(thinking) -> int | None:
     return budget
 
 
-def error_body(status: int, message: str, kind: str | None = None) -> dict:
-    """The Anthropic error shape (the Anthropic routes answer in it, OpenAI's in OpenAI's)."""
+def error_body(status: int, message: str, kind: str | None = None, code: str | None = None) -> dict:
+    """The Anthropic error shape (the Anthropic routes answer in it, OpenAI's in OpenAI's); a
+    machine-readable `code` goes in `details.error_code`, where the SDK reads it (thread_not_found)."""
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    error = {"type": kind, "message": message}
+    if code is not None:
+        error["details"] = {"error_code": code}
+    return {"type": "error", "error": error}
 
 
 def stop_reason(fin: Finished, tool_calls: int) -> str:
@@ -278,6 +282,7 @@ class MessageStream:
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.index, self.open_kind, self.calls = -1, None, 0
         self.thinking = ""
+        self.content: list[dict] = []  # the blocks as the client assembles them (a thread holds them)
 
     def start(self, prompt_tokens: int, cached_tokens: int) -> list[tuple[str, dict]]:
         return [("message_start", {"type": "message_start", "message": {
@@ -289,8 +294,9 @@ class MessageStream:
             return []
         out = []
         if self.open_kind == "reasoning":
+            self.content[-1]["signature"] = self.signer.sign(self.thinking)
             out.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                "delta": {"type": "signature_delta", "signature": self.signer.sign(self.thinking)}}))
+                                                "delta": {"type": "signature_delta", "signature": self.content[-1]["signature"]}}))
         self.open_kind, self.thinking = None, ""
         return out + [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
@@ -298,6 +304,7 @@ class MessageStream:
         out = self._close()
         self.index += 1
         self.open_kind = kind
+        self.content.append(dict(block))
         return out + [("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})]
 
     def tokens(self, event: Tokens) -> list[tuple[str, dict]]:
@@ -314,12 +321,14 @@ class MessageStream:
             out += self._open("tool_use", {"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": p.name, "input": {}})
             out.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
                                                 "delta": {"type": "input_json_delta", "partial_json": p.arguments}}))
+            self.content[-1]["input"] = _input(p.arguments)
             return out + self._close()
         if p.kind != self.open_kind:
             block = {"type": "thinking", "thinking": "", "signature": ""} if p.kind == "reasoning" else {"type": "text", "text": ""}
             out += self._open(p.kind, block)
         if p.kind == "reasoning":
             self.thinking += p.text
+        self.content[-1]["thinking" if p.kind == "reasoning" else "text"] += p.text
         delta = {"type": "thinking_delta", "thinking": p.text} if p.kind == "reasoning" else {"type": "text_delta", "text": p.text}
         return out + [("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})]
 

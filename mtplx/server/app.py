@@ -28,6 +28,7 @@ from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, ev
 from mtplx.server import anthropic_map, completion_prompt, cors, openai_response, output_format, responses, tokenizer_api
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
+from mtplx.server.message_threads import MessageThreads
 from mtplx.server.metrics import Metrics
 from mtplx.server.request_body import read_body
 from mtplx.server.response_store import ResponseStore
@@ -66,6 +67,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     rules = ToolRules(tokenizer, engine.eos_ids, getattr(engine.checkpoint, "tool_format", None))
     signer = Signer(lambda: home_path("signing.key"))
     response_store = ResponseStore(home_path("responses.db"))  # survives a restart
+    threads = MessageThreads(home_path("threads.db"))  # Anthropic's message threads, the same way
 
     def limit() -> int:
         return engine.context_window
@@ -298,11 +300,20 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     @app.post("/v1/messages")
     async def messages(request: Request):
         raw, body = await body_of(request)
+        body, threaded = await asyncio.to_thread(threads.expand, body)
+        if threaded:  # receipts, replays and the encode cache see the whole conversation
+            raw = json.dumps(body, ensure_ascii=False).encode()
         call = anthropic_map.parse_messages_call(body, defaults, limit(), signer=signer)
         prompt = await encoded(engine, cache, call, "messages", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
+
+        def held(reply: dict) -> dict:  # a threaded turn's conversation is kept under the reply's id
+            if threaded:
+                threads.hold(reply["id"], body, reply["content"])
+            return reply
+
         if not call.stream:
-            return await _whole(sub, lambda fin: anthropic_map.message(model_name, fin, signer), request,
+            return await _whole(sub, lambda fin: held(anthropic_map.message(model_name, fin, signer)), request,
                                 budget_headers(call, sub))
         frames = anthropic_map.MessageStream(model_name, signer)
 
@@ -317,7 +328,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     for name, data in frames.tokens(event):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
-                    for name, data in frames.finish(event):
+                    finish = frames.finish(event)
+                    # held before message_stop: the client may continue the thread at once
+                    await asyncio.to_thread(held, {"id": frames.id, "content": frames.content})
+                    for name, data in finish:
                         yield _event_sse(name, data)
                 elif isinstance(event, Failed):
                     failure = _failure(event)
@@ -328,6 +342,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
         raw, body = await body_of(request)
+        body, threaded = await asyncio.to_thread(threads.expand, body)
+        if threaded:
+            raw = json.dumps(body, ensure_ascii=False).encode()
         call = anthropic_map.parse_messages_call(body, defaults, limit(), require_max_tokens=False, signer=signer)
         return {"input_tokens": len(await encoded(engine, cache, call, "count_tokens", raw))}
 
@@ -477,7 +494,8 @@ def _route_of(app, scope) -> str:
 def _shaped(path: str, err: ApiError) -> JSONResponse:
     """The Anthropic routes answer errors in Anthropic's shape, the others in OpenAI's."""
     anthropic = path.startswith("/v1/messages")
-    return JSONResponse(anthropic_map.error_body(err.status, err.message) if anthropic else err.body(), status_code=err.status)
+    return JSONResponse(anthropic_map.error_body(err.status, err.message, code=err.code) if anthropic else err.body(),
+                        status_code=err.status)
 
 
 def _internal_error(path: str, exc: BaseException) -> JSONResponse:

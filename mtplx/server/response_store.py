@@ -27,10 +27,11 @@ log = logging.getLogger(__name__)
 
 
 class ResponseStore:
-    def __init__(self, path: Path | None = None, capacity: int = 1024):
+    def __init__(self, path: Path | None = None, capacity: int = 1024, label: str = "response store"):
+        """`label` names the store in the log (Anthropic's message threads keep theirs in one too)."""
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
-        self.capacity, self.lock = capacity, threading.Lock()
+        self.capacity, self.lock, self.label = capacity, threading.Lock(), label
         # (used, messages, response) as JSON, written once the disk takes them
         self.held: OrderedDict[str, tuple[float, str, str | None]] = OrderedDict()
         self.db = self._open(path)
@@ -38,9 +39,9 @@ class ResponseStore:
     def _open(self, path: Path | None) -> sqlite3.Connection:
         if path is not None:
             try:  # a damaged file is set aside and a new one started
-                return opened(path, "response store", self._connect)
+                return opened(path, self.label, self._connect)
             except sqlite3.Error as exc:  # unwritable: the responses live in memory until restart
-                log.warning("response store %s unusable (%s); previous_response_id lasts until restart", path, exc)
+                log.warning("%s %s unusable (%s); what it keeps lasts until restart", self.label, path, exc)
         return self._schema(sqlite3.connect(":memory:", check_same_thread=False))
 
     def _connect(self, path: Path) -> sqlite3.Connection:
@@ -111,7 +112,7 @@ class ResponseStore:
                 with self.db:
                     gone = self.db.execute("delete from responses where id = ?", (response_id,)).rowcount > 0
             except sqlite3.Error as exc:
-                log.warning("response store: %s not deleted (%s)", response_id, exc)
+                log.warning("%s: %s not deleted (%s)", self.label, response_id, exc)
                 return False
             return held or gone
 
@@ -122,7 +123,7 @@ class ResponseStore:
                 self.db.execute(sql, args)
             return True
         except sqlite3.Error as exc:
-            log.warning("response store not written (%s); %d responses wait in memory", exc, len(self.held))
+            log.warning("%s not written (%s); %d entries wait in memory", self.label, exc, len(self.held))
             return False
 
     def __len__(self) -> int:
