@@ -146,3 +146,21 @@ def test_a_shortfall_names_its_cause():
         assert outcome.cause == "assistant[2].reasoning stripped"
     finally:
         engine.stop()
+
+
+def test_a_prefill_only_turn_banks_its_prompt_and_the_next_turn_restores_it_to_cold(banked, dense_engine, hybrid_engine):
+    """A prewarm computes the prompt's state and generates nothing; the turn that extends the
+    prompt restores all of it (MTP on, the head's pairs included) and answers as a cold engine."""
+    cold_engine = dense_engine if banked.name == "tiny-dense" else hybrid_engine
+    tok = banked.checkpoint.tokenizer
+    head = [{"role": "system", "content": "You are a careful coding agent. " * 20},
+            {"role": "user", "content": "Summarise what a write-ahead log is for."}]
+    warm = banked.submit(GenerationRequest(tuple(render(tok, head, add_generation_prompt=False)),
+                                           SamplingParams(max_tokens=8, temperature=0), session="pre",
+                                           prefill_only=True)).result()
+    assert warm.finish_reason == "length" and warm.completion_tokens == 0 and warm.token_ids == ()
+    full = tuple(render(tok, head))
+    params = SamplingParams(max_tokens=24, temperature=0)
+    after = banked.submit(GenerationRequest(full, params, session="pre")).result()
+    cold = cold_engine.submit(GenerationRequest(full, params)).result()
+    assert after.cached_tokens >= warm.prompt_tokens - 1 and after.token_ids == cold.token_ids

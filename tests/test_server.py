@@ -342,6 +342,37 @@ def test_anthropic_message_threads_hold_the_conversation_for_a_continue(server):
     assert replies[1].usage.cache_read_input_tokens > 0
 
 
+def test_a_prewarm_computes_the_prompt_and_generates_nothing(server):
+    """Responses' `prompt_cache_options.prewarm` and legacy completions' `max_tokens: 0`: the
+    prompt goes into the bank, nothing is generated, and the same request sent next restores it."""
+    url = server[0]
+    body = {"model": "m", "instructions": SYSTEM, "input": "Describe the ledger's event schema, field by field.",
+            "max_output_tokens": 16, "temperature": 0}
+    warm = httpx.post(url + "/v1/responses", json={**body, "prompt_cache_options": {"prewarm": True, "ttl": "12h"}}).json()
+    assert warm["status"] == "completed" and warm["output"] == [] and warm["usage"]["output_tokens"] == 0, warm
+    assert warm["prompt_cache_options"] == {"mode": "implicit", "ttl": "12h", "comparison_response_id": None}
+    real = httpx.post(url + "/v1/responses", json=body).json()
+    assert real["usage"]["input_tokens_details"]["cached_tokens"] >= warm["usage"]["input_tokens"] - 1
+    assert real["usage"]["output_tokens"] > 0
+    bad = httpx.post(url + "/v1/responses", json={**body, "prompt_cache_options": {"prewarm": "yes"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_cache_options.prewarm"
+
+    prompt = "def ledger_total(events):\n    return sum(e.amount for e in events)\n"
+    scored = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}).json()
+    choice = scored["choices"][0]
+    assert choice["text"] == prompt and choice["finish_reason"] == "length" and scored["usage"]["completion_tokens"] == 0
+    lp = choice["logprobs"]
+    assert lp["token_logprobs"][0] is None and len(lp["tokens"]) == scored["usage"]["prompt_tokens"]
+    one = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 1,
+                                                    "temperature": 0}).json()
+    assert one["choices"][0]["logprobs"]["token_logprobs"][:-1] == lp["token_logprobs"]  # the same scores
+    plain = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 0}).json()
+    assert plain["choices"][0]["text"] == "" and plain["usage"]["completion_tokens"] == 0
+    for bad in (-1, False):
+        assert httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": bad}).status_code == 400
+    assert httpx.post(url + "/v1/chat/completions", json={"messages": ask(), "max_tokens": 0}).status_code == 400
+
+
 def test_dropped_stream_cancels_generation(server):
     url, engine = server
     finished = []

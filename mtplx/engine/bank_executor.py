@@ -192,7 +192,8 @@ class BankExecutor:
             entry.mtp = snapshot.truncate_kv([entry.mtp], cut - 1)[0]
         entry.origin = origin
         self.bank.put(entry)
-        what = "a preempted render-ahead" if origin == "render_ahead" else "a cancelled prefill"
+        what = ("a preempted render-ahead" if origin == "render_ahead" else "a prewarmed prompt" if gen.request.prefill_only
+                else "a cancelled prefill")
         self.bank.notify("kept_partial", f"{entry.entry_id}: {what}'s first {cut} tokens")
 
     @staticmethod

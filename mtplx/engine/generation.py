@@ -151,6 +151,8 @@ class Generation:
         self.stats.prefill_s = time.perf_counter() - t0
         self.state = state
         self.last_hidden = last_hidden
+        if self.request.prefill_only:  # no first token: the state ends where the prompt does
+            self.finish_reason, self.prefill_cut = "length", state.length
 
     def _chunk(self, prompt: list[int], begin: int, end: int, state: TurnState, yield_to) -> mx.array:
         """One prefill chunk; stepped aside from (preemption.SteppedAside), its caches are as before it."""

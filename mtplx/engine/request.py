@@ -34,6 +34,10 @@ class GenerationRequest:
     # Score the prompt: each prompt token's log-probability given the ones before it, with this many
     # alternatives (legacy completions' echo + logprobs). Every position is computed: no restore.
     prompt_logprobs: int | None = None
+    # Compute the prompt's state and generate nothing (a cache prewarm, a prompt scored alone): the
+    # turn ends with finish "length" after its prefill, and the bank keeps the prompt as it keeps a
+    # prefill cut short, so the next request that extends it restores all of it.
+    prefill_only: bool = False
 
     def __post_init__(self):
         if not self.prompt:

@@ -209,8 +209,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if body.get("stream_options") is not None and not stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        call = ChatCall([], None, sampling_from(body, defaults, limit(), several=True), stream, include_usage,
-                        schema=output_format.from_openai(body.get("response_format")), n=choices(body))
+        # max_tokens 0: the prompt computed and nothing generated (scored, with echo and logprobs,
+        # as older evaluation tools ask; or the bank prewarmed), as OpenAI's legacy API allowed
+        nothing = body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
+        sampled = sampling_from({**body, "max_tokens": 1} if nothing else body, defaults, limit(), several=True)
+        call = ChatCall([], None, sampled, stream, include_usage, schema=output_format.from_openai(body.get("response_format")),
+                        n=choices(body), prefill_only=nothing)
         givens = completion_prompt.parse(body, len(tokenizer), call.n)
         if givens[0].echo and call.sampling.logprobs is not None:  # the prompt scored as well
             call = replace(call, prompt_logprobs=call.sampling.logprobs)

@@ -42,6 +42,7 @@ class ChatCall:
     n: int = 1  # choices asked for (chat's `n`): that many turns of the same prompt, decoded together
     call_grammar: object = None  # a tool call's body held to the tools (ToolRules.compile), when encoded
     prompt_logprobs: int | None = None  # a text completion's echo + logprobs: the prompt scored too
+    prefill_only: bool = False  # compute the prompt, generate nothing (a prewarm; completions' max_tokens 0)
 
 
 def _reject_constant(name: str):

@@ -178,7 +178,21 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     thinking = thinking_for_effort(reasoning.get("effort"), "reasoning.effort")
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
                     from_openai(_choice_shown(body.get("tool_choice"), body.get("tools")), tools, body.get("parallel_tool_calls")), schema,
-                    strict_tools=strict_names(body.get("tools")))
+                    strict_tools=strict_names(body.get("tools")), prefill_only=cache_options(body).get("prewarm") is True)
+
+
+def cache_options(body: dict) -> dict:
+    """`prompt_cache_options` (mode, ttl, prewarm, comparison_response_id). Only `prewarm` changes
+    what is computed: the prompt goes into the session bank and nothing is generated. The bank
+    decides what it keeps and for how long (a `ttl` of the API's cache means nothing here)."""
+    options = body.get("prompt_cache_options")
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise bad_request("prompt_cache_options must be an object", "prompt_cache_options")
+    if options.get("prewarm") not in (None, True, False):
+        raise bad_request("prompt_cache_options.prewarm must be a boolean", "prompt_cache_options.prewarm")
+    return options
 
 
 def _choice_shown(choice, tools):
@@ -239,7 +253,12 @@ class ResponseStream:
                "parallel_tool_calls": self.body.get("parallel_tool_calls") is not False,
                "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
                "store": self.body.get("store") is not False, "usage": usage(fin) if fin else None}
-        if fin is not None and fin.finish_reason == "length":
+        options = self.body.get("prompt_cache_options")
+        if isinstance(options, dict):  # as applied (a prewarm's output is empty: nothing was generated)
+            out["prompt_cache_options"] = {"mode": options.get("mode", "implicit"), "ttl": options.get("ttl", "30m"),
+                                           "comparison_response_id": options.get("comparison_response_id")}
+        prewarm = cache_options(self.body).get("prewarm") is True  # nothing was to be generated: complete
+        if fin is not None and fin.finish_reason == "length" and not prewarm:
             out["status"], out["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
         return out
 

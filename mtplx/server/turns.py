@@ -145,10 +145,11 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
                                    session=session, source=source,
                                    tool_rule=rule, output_rule=output_rule, reasoning_rule=reasoning_rule, raw=text,
                                    call_rule=rules.call_rule(call) if rules else None,
-                                   prediction=call.prediction_ids)
+                                   prediction=call.prediction_ids, prefill_only=call.prefill_only)
         else:  # a text completion: a prompt, no chat
             request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text,
-                                        output_rule=output_rule, prompt_logprobs=call.prompt_logprobs)
+                                        output_rule=output_rule, prompt_logprobs=call.prompt_logprobs,
+                                        prefill_only=call.prefill_only)
         sub = engine.submit(request)
     except RequestError as exc:
         raise bad_request(str(exc), "messages", "context_length_exceeded" if "context window" in str(exc) else None) from None
