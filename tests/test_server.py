@@ -373,6 +373,59 @@ def test_a_prewarm_computes_the_prompt_and_generates_nothing(server):
     assert httpx.post(url + "/v1/chat/completions", json={"messages": ask(), "max_tokens": 0}).status_code == 400
 
 
+def test_cache_diagnostics_say_whether_the_previous_prompt_was_reused_and_what_changed(server):
+    """Anthropic's `diagnostics.previous_message_id` and Responses' `comparison_response_id`: the
+    bank's own restore decides hit or miss; a miss names the first thing that changed."""
+    url = server[0] + "/v1/messages"
+    read = {"name": "read_file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+    base = {"model": "m", "max_tokens": 4, "system": SYSTEM + " Diagnose.", "tools": [read],
+            "messages": [{"role": "user", "content": "Which module owns the event schema?"},
+                         {"role": "assistant", "content": "The ledger."}, {"role": "user", "content": "Show it."}]}
+
+    def ask_with(previous, stream=False, **change):
+        body = {**base, **change, "diagnostics": {"previous_message_id": previous}}
+        if not stream:
+            r = httpx.post(url, json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()
+        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as r:
+            return json.loads(next(line for line in r.iter_lines() if line.startswith("data: "))[6:])["message"]
+
+    first = ask_with(None)
+    assert "diagnostics" in first and first["diagnostics"] is None  # opted in, nothing to compare
+    again = ask_with(first["id"])
+    assert again["diagnostics"] is None and again["usage"]["cache_read_input_tokens"] > 0  # a hit
+    system = ask_with(again["id"], system=SYSTEM + " Changed.")["diagnostics"]["cache_miss_reason"]
+    assert system["type"] == "system_changed" and system["cache_missed_input_tokens"] > 0
+    tools = ask_with(again["id"], tools=[{**read, "description": "Read one file."}])["diagnostics"]["cache_miss_reason"]
+    assert tools["type"] == "tools_changed"
+    edited = [{"role": "user", "content": "Which package owns the event schema?"}] + base["messages"][1:]
+    assert ask_with(again["id"], messages=edited)["diagnostics"]["cache_miss_reason"]["type"] == "messages_changed"
+    assert ask_with("msg_unknown")["diagnostics"]["cache_miss_reason"] == {"type": "previous_message_not_found"}
+    started = ask_with(again["id"], stream=True)  # streamed: message_start carries it
+    assert "diagnostics" in started and started["diagnostics"] is None
+    assert "diagnostics" not in httpx.post(url, json=base, timeout=120).json()  # not asked: not answered
+    assert httpx.post(url, json={**base, "diagnostics": {"previous_message_id": 5}}).status_code == 400
+
+    rurl = server[0] + "/v1/responses"
+    rbase = {"model": "m", "instructions": SYSTEM, "input": "Which module owns the event schema?", "max_output_tokens": 4,
+             "tools": [{"type": "function", "name": "read_file", "parameters": read["input_schema"]}]}
+    r1 = httpx.post(rurl, json=rbase, timeout=120).json()
+    assert "prompt_cache_diagnostics" not in r1
+    r2 = httpx.post(rurl, json={**rbase, "prompt_cache_options": {"comparison_response_id": r1["id"]}}, timeout=120).json()
+    assert r2["prompt_cache_diagnostics"] == {"type": "cache_hit"}
+    assert r2["prompt_cache_options"]["comparison_response_id"] == r1["id"]
+    r3 = httpx.post(rurl, json={**rbase, "tools": [], "prompt_cache_options": {"comparison_response_id": r1["id"]}},
+                    timeout=120).json()["prompt_cache_diagnostics"]
+    assert r3["type"] == "cache_miss" and r3["reason"] == "tools_changed"
+    assert r3["comparison_reusable_tokens"] == r1["usage"]["input_tokens"] and r3["cache_missed_tokens"] > 0
+    with httpx.stream("POST", rurl, json={**rbase, "stream": True, "prompt_cache_options": {"comparison_response_id": "resp_x"}},
+                      timeout=120) as r:
+        done = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")][-1]
+    assert done["type"] == "response.completed"
+    assert done["response"]["prompt_cache_diagnostics"] == {"type": "comparison_response_not_found"}
+
+
 def test_dropped_stream_cancels_generation(server):
     url, engine = server
     finished = []

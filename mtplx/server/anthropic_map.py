@@ -284,10 +284,11 @@ class MessageStream:
         self.thinking = ""
         self.content: list[dict] = []  # the blocks as the client assembles them (a thread holds them)
 
-    def start(self, prompt_tokens: int, cached_tokens: int) -> list[tuple[str, dict]]:
+    def start(self, prompt_tokens: int, cached_tokens: int, extra: dict | None = None) -> list[tuple[str, dict]]:
+        """`extra`: fields known once the bank has decided (`diagnostics`)."""
         return [("message_start", {"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": usage(prompt_tokens, cached_tokens, 0)}})]
+            "stop_reason": None, "stop_sequence": None, "usage": usage(prompt_tokens, cached_tokens, 0), **(extra or {})}})]
 
     def _close(self) -> list[tuple[str, dict]]:
         if self.open_kind is None:

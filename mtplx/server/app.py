@@ -25,7 +25,7 @@ from mtplx.bank.watch import BankWatch
 from mtplx.chat import render
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
-from mtplx.server import anthropic_map, completion_prompt, cors, openai_response, output_format, responses, tokenizer_api
+from mtplx.server import anthropic_map, cache_diagnostics, completion_prompt, cors, openai_response, output_format, responses, tokenizer_api
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.message_threads import MessageThreads
@@ -68,6 +68,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     signer = Signer(lambda: home_path("signing.key"))
     response_store = ResponseStore(home_path("responses.db"))  # survives a restart
     threads = MessageThreads(home_path("threads.db"))  # Anthropic's message threads, the same way
+    diagnostics = cache_diagnostics.CacheDiagnostics()  # what each recent request's prompt was made of
 
     def limit() -> int:
         return engine.context_window
@@ -254,6 +255,14 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         prompt = await encoded(engine, cache, call, "responses", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         built = responses.ResponseStream(model_name, body, signer, logprobs=call.sampling.logprobs is not None)
+        fingerprint = cache_diagnostics.openai_fingerprint(body, call.messages, len(prompt))
+        compared_with = responses.cache_options(body).get("comparison_response_id")
+
+        def diagnose(fin):  # before the response is built: it carries the verdict
+            if compared_with is not None:
+                built.diagnostics = cache_diagnostics.openai_diagnostics(
+                    diagnostics.compare(compared_with, fingerprint, fin.cached_tokens, "input_changed"))
+            diagnostics.remember(built.id, fingerprint)
 
         def keep(fin):  # what a follow-up naming this response renders as its history, and the response
             if body.get("store") is not False:
@@ -261,7 +270,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                                    built.response("completed", fin))
 
         if not call.stream:
-            return await _whole(sub, lambda fin: (built.whole(fin), keep(fin))[0], request, budget_headers(call, sub))
+            return await _whole(sub, lambda fin: (diagnose(fin), built.whole(fin), keep(fin))[1], request,
+                                budget_headers(call, sub))
 
         async def stream():
             for name, data in built.start():
@@ -273,6 +283,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     for name, data in built.tokens(event):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
+                    diagnose(event)
                     finish = built.finish(event)
                     # stored before the client sees response.completed: its follow-up may name it at once
                     await asyncio.to_thread(keep, event)
@@ -308,23 +319,33 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if threaded:  # receipts, replays and the encode cache see the whole conversation
             raw = json.dumps(body, ensure_ascii=False).encode()
         call = anthropic_map.parse_messages_call(body, defaults, limit(), signer=signer)
+        asked, compared_with = cache_diagnostics.anthropic_asked(body)
         prompt = await encoded(engine, cache, call, "messages", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
+        fingerprint = cache_diagnostics.anthropic_fingerprint(body, len(prompt))
+
+        def diagnosed(cached_tokens: int) -> dict:  # the Message's `diagnostics`, when asked
+            if not asked:
+                return {}
+            verdict = None if compared_with is None else diagnostics.compare(compared_with, fingerprint, cached_tokens,
+                                                                              "messages_changed")
+            return {"diagnostics": cache_diagnostics.anthropic_diagnostics(verdict)}
 
         def held(reply: dict) -> dict:  # a threaded turn's conversation is kept under the reply's id
             if threaded:
                 threads.hold(reply["id"], body, reply["content"])
+            diagnostics.remember(reply["id"], fingerprint)
             return reply
 
         if not call.stream:
-            return await _whole(sub, lambda fin: held(anthropic_map.message(model_name, fin, signer)), request,
-                                budget_headers(call, sub))
+            return await _whole(sub, lambda fin: held({**anthropic_map.message(model_name, fin, signer),
+                                                       **diagnosed(fin.cached_tokens)}), request, budget_headers(call, sub))
         frames = anthropic_map.MessageStream(model_name, signer)
 
         async def stream():
             async for event in events(sub):
                 if isinstance(event, Restored):  # message_start reports the cache split, known now
-                    for name, data in frames.start(event.prompt_tokens, event.cached_tokens):
+                    for name, data in frames.start(event.prompt_tokens, event.cached_tokens, diagnosed(event.cached_tokens)):
                         yield _event_sse(name, data)
                 elif isinstance(event, PrefillProgress):  # Anthropic's own keep-alive event
                     yield _event_sse("ping", {"type": "ping"})

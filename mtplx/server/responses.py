@@ -243,6 +243,7 @@ class ResponseStream:
         self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
         self.output: list[dict] = []
         self.names = ToolNames.of(body.get("tools"))
+        self.diagnostics: dict | None = None  # prompt_cache_diagnostics, when a comparison was asked
         self.open: dict | None = None
         self.seq = 0
 
@@ -253,6 +254,8 @@ class ResponseStream:
                "parallel_tool_calls": self.body.get("parallel_tool_calls") is not False,
                "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
                "store": self.body.get("store") is not False, "usage": usage(fin) if fin else None}
+        if self.diagnostics is not None and status != "in_progress":
+            out["prompt_cache_diagnostics"] = self.diagnostics
         options = self.body.get("prompt_cache_options")
         if isinstance(options, dict):  # as applied (a prewarm's output is empty: nothing was generated)
             out["prompt_cache_options"] = {"mode": options.get("mode", "implicit"), "ttl": options.get("ttl", "30m"),
