@@ -214,17 +214,21 @@ def test_codex_request_replays_and_previous_response_id_restores(url):
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "previous_response_id"
 
 
-def test_codex_tools_of_other_kinds_are_not_described_and_its_default_request_works(url):
+def test_codex_namespace_tools_are_described_and_web_search_is_not(url):
+    """Codex's default request: function tools, its sub-agent tools in a `namespace`, and
+    `web_search` (which OpenAI runs). The namespace's functions reach the prompt (their calls go
+    back with the namespace: test_call_grammar); web search does not."""
     recorded = fixture("codex", "0001-v1_responses.json")
     kinds = {t["type"] for t in recorded["body"]["tools"]}
     assert {"function", "namespace", "web_search"} <= kinds  # what Codex sends with default settings
     functions = [t for t in recorded["body"]["tools"] if t["type"] == "function"]
+    described = [t for t in recorded["body"]["tools"] if t["type"] in ("function", "namespace")]
     usages = []
-    for tools in (recorded["body"]["tools"], functions):
+    for tools in (recorded["body"]["tools"], described, functions):
         r = post(url, recorded, tools=tools, stream=False, temperature=0, max_output_tokens=2)
         assert r.status_code == 200, r.text
         usages.append(r.json()["usage"]["input_tokens"])
-    assert usages[0] == usages[1]  # only function tools reach the prompt
+    assert usages[0] == usages[1] > usages[2]
 
 
 def test_structured_output_is_asked_for_and_held_to(url):
