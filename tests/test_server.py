@@ -410,8 +410,11 @@ def test_cache_diagnostics_say_whether_the_previous_prompt_was_reused_and_what_c
     rurl = server[0] + "/v1/responses"
     rbase = {"model": "m", "instructions": SYSTEM, "input": "Which module owns the event schema?", "max_output_tokens": 4,
              "tools": [{"type": "function", "name": "read_file", "parameters": read["input_schema"]}]}
-    r1 = httpx.post(rurl, json=rbase, timeout=120).json()
+    r1 = httpx.post(rurl, json={**rbase, "prompt_cache_options": {}}, timeout=120).json()  # opted in: remembered
     assert "prompt_cache_diagnostics" not in r1
+    unasked = httpx.post(rurl, json=rbase, timeout=120).json()  # not opted in: not remembered
+    later = httpx.post(rurl, json={**rbase, "prompt_cache_options": {"comparison_response_id": unasked["id"]}}, timeout=120)
+    assert later.json()["prompt_cache_diagnostics"] == {"type": "comparison_response_not_found"}
     r2 = httpx.post(rurl, json={**rbase, "prompt_cache_options": {"comparison_response_id": r1["id"]}}, timeout=120).json()
     assert r2["prompt_cache_diagnostics"] == {"type": "cache_hit"}
     assert r2["prompt_cache_options"]["comparison_response_id"] == r1["id"]

@@ -25,7 +25,8 @@ from mtplx.bank.watch import BankWatch
 from mtplx.chat import render
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
-from mtplx.server import anthropic_map, cache_diagnostics, completion_prompt, cors, openai_response, output_format, responses, tokenizer_api
+from mtplx.server import (anthropic_map, cache_diagnostics, completion_prompt, cors, openai_response, output_format, responses,
+                          tokenizer_api)
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.message_threads import MessageThreads
@@ -255,10 +256,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         prompt = await encoded(engine, cache, call, "responses", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         built = responses.ResponseStream(model_name, body, signer, logprobs=call.sampling.logprobs is not None)
-        fingerprint = cache_diagnostics.openai_fingerprint(body, call.messages, len(prompt))
         compared_with = responses.cache_options(body).get("comparison_response_id")
 
-        def diagnose(fin):  # before the response is built: it carries the verdict
+        def diagnose(fin):  # before the response is built: it carries the verdict (a worker thread)
+            if body.get("prompt_cache_options") is None:
+                return
+            fingerprint = cache_diagnostics.openai_fingerprint(body, call.messages, len(prompt))
             if compared_with is not None:
                 built.diagnostics = cache_diagnostics.openai_diagnostics(
                     diagnostics.compare(compared_with, fingerprint, fin.cached_tokens, "input_changed"))
@@ -283,7 +286,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     for name, data in built.tokens(event):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
-                    diagnose(event)
+                    await asyncio.to_thread(diagnose, event)
                     finish = built.finish(event)
                     # stored before the client sees response.completed: its follow-up may name it at once
                     await asyncio.to_thread(keep, event)
@@ -322,19 +325,21 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         asked, compared_with = cache_diagnostics.anthropic_asked(body)
         prompt = await encoded(engine, cache, call, "messages", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
-        fingerprint = cache_diagnostics.anthropic_fingerprint(body, len(prompt))
+        fingerprint = []  # computed once, on a worker thread (a long conversation takes milliseconds)
 
         def diagnosed(cached_tokens: int) -> dict:  # the Message's `diagnostics`, when asked
             if not asked:
                 return {}
-            verdict = None if compared_with is None else diagnostics.compare(compared_with, fingerprint, cached_tokens,
+            fingerprint.append(cache_diagnostics.anthropic_fingerprint(body, len(prompt)))
+            verdict = None if compared_with is None else diagnostics.compare(compared_with, fingerprint[0], cached_tokens,
                                                                               "messages_changed")
             return {"diagnostics": cache_diagnostics.anthropic_diagnostics(verdict)}
 
         def held(reply: dict) -> dict:  # a threaded turn's conversation is kept under the reply's id
             if threaded:
                 threads.hold(reply["id"], body, reply["content"])
-            diagnostics.remember(reply["id"], fingerprint)
+            if fingerprint:
+                diagnostics.remember(reply["id"], fingerprint[0])
             return reply
 
         if not call.stream:
@@ -345,7 +350,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         async def stream():
             async for event in events(sub):
                 if isinstance(event, Restored):  # message_start reports the cache split, known now
-                    for name, data in frames.start(event.prompt_tokens, event.cached_tokens, diagnosed(event.cached_tokens)):
+                    extra = await asyncio.to_thread(diagnosed, event.cached_tokens)
+                    for name, data in frames.start(event.prompt_tokens, event.cached_tokens, extra):
                         yield _event_sse(name, data)
                 elif isinstance(event, PrefillProgress):  # Anthropic's own keep-alive event
                     yield _event_sse("ping", {"type": "ping"})
@@ -519,7 +525,8 @@ def _route_of(app, scope) -> str:
 def _shaped(path: str, err: ApiError) -> JSONResponse:
     """The Anthropic routes answer errors in Anthropic's shape, the others in OpenAI's."""
     anthropic = path.startswith("/v1/messages")
-    return JSONResponse(anthropic_map.error_body(err.status, err.message, code=err.code) if anthropic else err.body(),
+    code = err.code if err.status < 500 else None  # a 500's code is its request id, already in the message
+    return JSONResponse(anthropic_map.error_body(err.status, err.message, code=code) if anthropic else err.body(),
                         status_code=err.status)
 
 

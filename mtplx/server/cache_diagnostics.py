@@ -13,8 +13,11 @@ the bank still restored less, the miss is the server's (an evicted entry, a hist
 renders differently) and the answer is "unavailable", as the APIs say when they cannot tell; the
 receipt of the turn (mtplx receipts, the TUI's turns panel) names that cause exactly.
 
-Fingerprints are kept in memory for the most recent responses: a restart forgets them, and a
-request naming a forgotten one is told it was not found."""
+A response is remembered when its request asked for diagnostics (Anthropic's `diagnostics`, with
+a null id on a first turn; Responses' `prompt_cache_options`), as both APIs have clients opt in.
+Fingerprints are kept in memory for the 1,024 most recent: a restart forgets them, and a request
+naming a forgotten one is told it was not found. Hashing a long conversation takes milliseconds,
+so the routes compute fingerprints on a worker thread, never on the event loop."""
 
 from __future__ import annotations
 
@@ -27,19 +30,19 @@ from dataclasses import dataclass
 from mtplx.server.api_error import bad_request
 
 
-def _digest(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()[:16]
+def _digest(value) -> bytes:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()).digest()[:8]
 
 
 @dataclass(frozen=True)
 class Fingerprint:
-    fields: tuple[tuple[str, str], ...]  # (reason if it changed, digest), in prompt order
-    messages: tuple[str, ...]  # a digest per message
+    fields: tuple[tuple[str, bytes], ...]  # (reason if it changed, digest), in prompt order
+    messages: bytes  # 8 bytes of digest per message: a long agent conversation costs a few KB
     prompt_tokens: int = 0
 
     @classmethod
     def of(cls, fields: list[tuple[str, object]], messages: list, prompt_tokens: int = 0) -> Fingerprint:
-        return cls(tuple((reason, _digest(value)) for reason, value in fields), tuple(_digest(m) for m in messages),
+        return cls(tuple((reason, _digest(value)) for reason, value in fields), b"".join(_digest(m) for m in messages),
                    prompt_tokens)
 
 
@@ -52,7 +55,7 @@ class Verdict:
 
 
 class CacheDiagnostics:
-    def __init__(self, capacity: int = 4096):
+    def __init__(self, capacity: int = 1024):
         self.capacity, self.lock = capacity, threading.Lock()
         self.kept: OrderedDict[str, Fingerprint] = OrderedDict()
 
