@@ -408,6 +408,9 @@ def test_cache_diagnostics_say_whether_the_previous_prompt_was_reused_and_what_c
     assert httpx.post(url, json={**base, "diagnostics": {"previous_message_id": 5}}).status_code == 400
 
     rurl = server[0] + "/v1/responses"
+    counted = httpx.post(rurl + "/input_tokens", json={"model": "m", "instructions": SYSTEM, "input": "Which module?"}).json()
+    answered = httpx.post(rurl, json={"model": "m", "instructions": SYSTEM, "input": "Which module?", "max_output_tokens": 1}).json()
+    assert counted == {"object": "response.input_tokens", "input_tokens": answered["usage"]["input_tokens"]}
     rbase = {"model": "m", "instructions": SYSTEM, "input": "Which module owns the event schema?", "max_output_tokens": 4,
              "tools": [{"type": "function", "name": "read_file", "parameters": read["input_schema"]}]}
     r1 = httpx.post(rurl, json={**rbase, "prompt_cache_options": {}}, timeout=120).json()  # opted in: remembered

@@ -299,6 +299,14 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
         return _streamed(request, sub, stream(), budget_headers(call, sub))
 
+    @app.post("/v1/responses/input_tokens")
+    @app.post("/responses/input_tokens", include_in_schema=False)
+    async def response_input_tokens(request: Request):
+        """The prompt's size as /v1/responses would render it (the SDK's responses.input_tokens.count)."""
+        raw, body = await body_of(request)
+        call = responses.parse_response_call(body, defaults, limit(), response_store, signer)
+        return {"object": "response.input_tokens", "input_tokens": len(await encoded(engine, cache, call, "input_tokens", raw))}
+
     @app.get("/v1/responses/{response_id}")
     @app.get("/responses/{response_id}", include_in_schema=False)
     async def response_get(response_id: str):
