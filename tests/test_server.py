@@ -432,6 +432,46 @@ def test_cache_diagnostics_say_whether_the_previous_prompt_was_reused_and_what_c
     assert done["response"]["prompt_cache_diagnostics"] == {"type": "comparison_response_not_found"}
 
 
+def test_a_compaction_request_summarises_the_conversation_into_one_block_that_can_be_sent_back(server):
+    """Anthropic's `compaction: {"type": "summarize"}` (the SDK tool runner's
+    compact_before_next_turn): one signed `compaction` block, stop reason "compaction"; the
+    conversation's prefix is restored from the bank; sent back, the block stands for what it
+    summarised (a null one is nothing)."""
+    url = server[0] + "/v1/messages"
+    convo = [{"role": "user", "content": "We are renaming the ledger's `amount` field to `value`."},
+             {"role": "assistant", "content": "Understood: I will update events.py and its tests."},
+             {"role": "user", "content": "Done with events.py; tests next."}]
+    base = {"model": "m", "max_tokens": 48, "temperature": 0, "system": SYSTEM, "messages": convo}
+    first = httpx.post(url, json={**base, "max_tokens": 4}).json()
+    whole = httpx.post(url, json={**base, "compaction": {"type": "summarize"}}, timeout=120).json()
+    assert whole["stop_reason"] == "compaction" and [b["type"] for b in whole["content"]] == ["compaction"], whole
+    made = whole["content"][0]
+    assert isinstance(made["content"], str) and made["content"] and made["signature"]
+    assert whole["usage"]["cache_read_input_tokens"] >= first["usage"]["input_tokens"] - 8  # the conversation restored
+    with httpx.stream("POST", url, json={**base, "stream": True, "compaction": {"type": "summarize", "instructions": "Summarise in one line."}},
+                      timeout=120) as r:
+        frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    kinds = [f["type"] for f in frames]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert frames[-2]["delta"]["stop_reason"] == "compaction"
+    deltas = [f["delta"] for f in frames if f["type"] == "content_block_delta"]
+    assert [d["type"] for d in deltas] == ["compaction_delta"] and deltas[0]["content"]
+
+    go_on = {"role": "user", "content": "Go on with the tests."}
+    counted = {}
+    for name, block in (("summary", made), ("failed", {"type": "compaction", "content": None}), ("none", None)):
+        messages = ([{"role": "assistant", "content": [block]}] if block else []) + [go_on]
+        r = httpx.post(url + "/count_tokens", json={"model": "m", "system": SYSTEM, "messages": messages})
+        assert r.status_code == 200, r.text
+        counted[name] = r.json()["input_tokens"]
+    assert counted["summary"] > counted["failed"] == counted["none"]
+    after = httpx.post(url, json={**base, "max_tokens": 4, "messages": [{"role": "assistant", "content": [made]}, go_on]})
+    assert after.status_code == 200
+    for bad in ({"type": "truncate"}, {"type": "summarize", "instructions": 5}, "summarize"):
+        r = httpx.post(url, json={**base, "compaction": bad})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
 def test_dropped_stream_cancels_generation(server):
     url, engine = server
     finished = []

@@ -8,13 +8,13 @@ import uuid
 
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Finished, Tokens
-from mtplx.server import anthropic_tools, output_format, prefill
+from mtplx.server import anthropic_tools, compaction, output_format, prefill
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
 from mtplx.server.openai_request import ChatCall, _check_text, check_schema, sampling_from, stream_flag, strict_names
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
-from mtplx.server.tool_choice import from_anthropic
+from mtplx.server.tool_choice import ToolChoice, from_anthropic
 from mtplx.reply_stream import Piece
 
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -83,7 +83,13 @@ def to_messages(body: dict, signer: Signer | None = None) -> list[dict]:
                 head.append(text)
             continue
         blocks = _blocks(m.get("content"), f"{p}.content")
-        out += _assistant(blocks, p, signer) if m["role"] == "assistant" else _user(blocks, p)
+        kept = [b for b in blocks if b["type"] != "compaction"]
+        if len(kept) < len(blocks):  # a compaction sent back: its summary first, for what it replaced
+            out += [{"role": "user", "content": text} for b in blocks
+                    if b["type"] == "compaction" and (text := compaction.sent_back(b))]
+            if not kept:
+                continue
+        out += _assistant(kept, p, signer) if m["role"] == "assistant" else _user(kept, p)
     lead = [{"role": "system", "content": "\n\n".join(t for t in head if t)}] if any(head) else []
     return lead + out
 
@@ -176,10 +182,14 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
         mapped["stop"] = body["stop_sequences"]
     stream = stream_flag(body)
     thinking, start = thinking_flag(body.get("thinking")), None
-    if messages and messages[-1]["role"] == "assistant":  # a prefill: Claude's reply starts with this text
+    summarising = compaction.asked(body)
+    if summarising is not None:  # the conversation as it stands, then the request for its summary
+        messages, thinking = messages + [compaction.summary_turn(summarising)], False
+    elif messages and messages[-1]["role"] == "assistant":  # a prefill: Claude's reply starts with this text
         messages, start, thinking = prefill.split(messages, thinking)
+    choice = ToolChoice("none") if summarising is not None else from_anthropic(body.get("tool_choice"), tools)
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
-                    thinking, from_anthropic(body.get("tool_choice"), tools),
+                    thinking, choice,
                     output_format.from_anthropic(body.get("output_config")), prefill=start,
                     reasoning_budget=budget_of(body.get("thinking")), strict_tools=strict_names(body.get("tools")))
 
@@ -264,6 +274,16 @@ def message(model: str, fin: Finished, signer: Signer) -> dict:
             "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}
 
 
+def summary_of(fin: Finished) -> str:
+    return "".join(p.text for p in fin.pieces if p.kind == "content").strip()
+
+
+def compacted(model: str, fin: Finished, signer: Signer) -> dict:
+    """A compaction request's reply: its one block, stop reason "compaction"."""
+    return {**message(model, fin, signer), "content": [compaction.block(summary_of(fin), signer)],
+            "stop_reason": "compaction", "stop_sequence": None}
+
+
 def _input(arguments: str) -> dict:
     try:
         value = json.loads(arguments)
@@ -332,6 +352,20 @@ class MessageStream:
         self.content[-1]["thinking" if p.kind == "reasoning" else "text"] += p.text
         delta = {"type": "thinking_delta", "thinking": p.text} if p.kind == "reasoning" else {"type": "text_delta", "text": p.text}
         return out + [("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})]
+
+    def compacted(self, fin: Finished) -> list[tuple[str, dict]]:
+        """A compaction's whole stream after message_start: its one block, sent once the summary is
+        written (the delta carries the whole summary, as the API's does), then the end."""
+        made = compaction.block(summary_of(fin), self.signer)
+        self.content = [made]
+        return [("content_block_start", {"type": "content_block_start", "index": 0,
+                                         "content_block": {**made, "content": None}}),
+                ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                         "delta": {"type": "compaction_delta", "content": made["content"]}}),
+                ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "compaction", "stop_sequence": None},
+                                   "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}),
+                ("message_stop", {"type": "message_stop"})]
 
     def finish(self, fin: Finished) -> list[tuple[str, dict]]:
         out = self._pieces(fin.pieces[self.fed:]) + self._close()

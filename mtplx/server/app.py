@@ -350,8 +350,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 diagnostics.remember(reply["id"], fingerprint[0])
             return reply
 
+        summarising = body.get("compaction") is not None  # the reply is one compaction block
+        reply_of = anthropic_map.compacted if summarising else anthropic_map.message
         if not call.stream:
-            return await _whole(sub, lambda fin: held({**anthropic_map.message(model_name, fin, signer),
+            return await _whole(sub, lambda fin: held({**reply_of(model_name, fin, signer),
                                                        **diagnosed(fin.cached_tokens)}), request, budget_headers(call, sub))
         frames = anthropic_map.MessageStream(model_name, signer)
 
@@ -363,11 +365,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                         yield _event_sse(name, data)
                 elif isinstance(event, PrefillProgress):  # Anthropic's own keep-alive event
                     yield _event_sse("ping", {"type": "ping"})
-                elif isinstance(event, Tokens):
+                elif isinstance(event, Tokens) and not summarising:
                     for name, data in frames.tokens(event):
                         yield _event_sse(name, data)
                 elif isinstance(event, Finished):
-                    finish = frames.finish(event)
+                    finish = frames.compacted(event) if summarising else frames.finish(event)
                     # held before message_stop: the client may continue the thread at once
                     await asyncio.to_thread(held, {"id": frames.id, "content": frames.content})
                     for name, data in finish:
