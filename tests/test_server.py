@@ -356,6 +356,8 @@ def test_a_prewarm_computes_the_prompt_and_generates_nothing(server):
     assert real["usage"]["output_tokens"] > 0
     bad = httpx.post(url + "/v1/responses", json={**body, "prompt_cache_options": {"prewarm": "yes"}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_cache_options.prewarm"
+    bad = httpx.post(url + "/v1/responses", json={**body, "prompt_cache_options": {"comparison_response_id": ["r"]}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_cache_options.comparison_response_id"
 
     prompt = "def ledger_total(events):\n    return sum(e.amount for e in events)\n"
     scored = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}).json()

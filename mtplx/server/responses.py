@@ -192,6 +192,9 @@ def cache_options(body: dict) -> dict:
         raise bad_request("prompt_cache_options must be an object", "prompt_cache_options")
     if options.get("prewarm") not in (None, True, False):
         raise bad_request("prompt_cache_options.prewarm must be a boolean", "prompt_cache_options.prewarm")
+    if not isinstance(options.get("comparison_response_id"), (str, type(None))):
+        raise bad_request("prompt_cache_options.comparison_response_id must be a response id",
+                          "prompt_cache_options.comparison_response_id")
     return options
 
 
