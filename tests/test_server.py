@@ -474,6 +474,37 @@ def test_a_compaction_request_summarises_the_conversation_into_one_block_that_ca
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
 
 
+def test_context_management_edits_clear_old_tool_results_and_say_how_much(server):
+    """`clear_tool_uses_20250919` past its trigger: the older tool results are cleared before the
+    prompt is rendered, and the reply (and a stream's message_delta) reports what went."""
+    url = server[0] + "/v1/messages"
+    messages = [{"role": "user", "content": "Find where totals are computed."}]
+    for i in range(4):
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "read_file",
+                                                        "input": {"path": f"src/m{i}.py"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}",
+                                                   "content": f"def total_{i}(events):\n    return 0\n" * 20}]}]
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 2}, "keep": {"type": "tool_uses", "value": 1}}
+    base = {"model": "m", "max_tokens": 4, "system": SYSTEM, "messages": messages,
+            "tools": [{"name": "read_file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]}
+    plain = httpx.post(url + "/count_tokens", json=base).json()
+    counted = httpx.post(url + "/count_tokens", json={**base, "context_management": {"edits": [edit]}}).json()
+    assert counted["context_management"]["original_input_tokens"] == plain["input_tokens"] > counted["input_tokens"]
+    reply = httpx.post(url, json={**base, "context_management": {"edits": [edit]}}, timeout=120).json()
+    applied = reply["context_management"]["applied_edits"]
+    assert applied == [{"type": "clear_tool_uses_20250919", "cleared_tool_uses": 3,
+                        "cleared_input_tokens": plain["input_tokens"] - counted["input_tokens"]}]
+    assert reply["usage"]["input_tokens"] + reply["usage"]["cache_read_input_tokens"] == counted["input_tokens"]
+    keep_all = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}  # Claude Code's: nothing applied
+    with httpx.stream("POST", url, json={**base, "stream": True, "context_management": keep_all}, timeout=120) as r:
+        frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    delta = next(f for f in frames if f["type"] == "message_delta")
+    assert delta["context_management"] == {"applied_edits": []}
+    assert "context_management" not in httpx.post(url, json=base, timeout=120).json()
+    bad = httpx.post(url, json={**base, "context_management": {"edits": [{"type": "forget_everything"}]}})
+    assert bad.status_code == 400 and "context_management" in bad.json()["error"]["message"]
+
+
 def test_dropped_stream_cancels_generation(server):
     url, engine = server
     finished = []

@@ -25,8 +25,8 @@ from mtplx.bank.watch import BankWatch
 from mtplx.chat import render
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
-from mtplx.server import (anthropic_map, cache_diagnostics, completion_prompt, cors, openai_response, output_format, responses,
-                          tokenizer_api)
+from mtplx.server import (anthropic_map, cache_diagnostics, completion_prompt, context_edits, cors, openai_response,
+                          output_format, responses, tokenizer_api)
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server.message_threads import MessageThreads
@@ -39,7 +39,7 @@ from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
 from mtplx.server.openai_request import ChatCall, choices, parse_chat, parse_json, sampling_from, stream_flag
-from mtplx.server.turns import Choices, budget_headers, encoded, events, session_from, submit, submit_choices
+from mtplx.server.turns import Choices, budget_headers, encode, encoded, events, session_from, submit, submit_choices
 
 log = logging.getLogger("mtplx.server")
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
@@ -73,6 +73,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     def limit() -> int:
         return engine.context_window
+
+    def prompt_size(body: dict) -> int:
+        """An Anthropic request's prompt tokens (context edits measure what they clear with it)."""
+        call = anthropic_map.parse_messages_call(body, defaults, limit(), require_max_tokens=False, signer=signer)
+        return len(encode(engine, cache, call, "count_tokens", json.dumps(body, ensure_ascii=False).encode()))
 
     # -- errors -----------------------------------------------------------------------------
     def shaped(request: Request, err: ApiError) -> JSONResponse:
@@ -327,10 +332,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def messages(request: Request):
         raw, body = await body_of(request)
         body, threaded = await asyncio.to_thread(threads.expand, body)
-        if threaded:  # receipts, replays and the encode cache see the whole conversation
+        body, applied = await asyncio.to_thread(context_edits.apply, body, prompt_size)
+        if threaded or applied:  # receipts, replays and the encode cache see the conversation as rendered
             raw = json.dumps(body, ensure_ascii=False).encode()
         call = anthropic_map.parse_messages_call(body, defaults, limit(), signer=signer)
         asked, compared_with = cache_diagnostics.anthropic_asked(body)
+        managed = {} if applied is None else {"context_management": {"applied_edits": applied}}
         prompt = await encoded(engine, cache, call, "messages", raw, rules)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         fingerprint = []  # computed once, on a worker thread (a long conversation takes milliseconds)
@@ -353,8 +360,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         summarising = body.get("compaction") is not None  # the reply is one compaction block
         reply_of = anthropic_map.compacted if summarising else anthropic_map.message
         if not call.stream:
-            return await _whole(sub, lambda fin: held({**reply_of(model_name, fin, signer),
-                                                       **diagnosed(fin.cached_tokens)}), request, budget_headers(call, sub))
+            return await _whole(sub, lambda fin: held({**reply_of(model_name, fin, signer), **diagnosed(fin.cached_tokens),
+                                                       **managed}), request, budget_headers(call, sub))
         frames = anthropic_map.MessageStream(model_name, signer)
 
         async def stream():
@@ -372,8 +379,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                     finish = frames.compacted(event) if summarising else frames.finish(event)
                     # held before message_stop: the client may continue the thread at once
                     await asyncio.to_thread(held, {"id": frames.id, "content": frames.content})
-                    for name, data in finish:
-                        yield _event_sse(name, data)
+                    for name, data in finish:  # the applied edits ride on message_delta, as the API's
+                        yield _event_sse(name, {**data, **managed} if name == "message_delta" else data)
                 elif isinstance(event, Failed):
                     failure = _failure(event)
                     yield _event_sse("error", anthropic_map.error_body(failure.status, failure.message))
@@ -384,10 +391,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def count_tokens(request: Request):
         raw, body = await body_of(request)
         body, threaded = await asyncio.to_thread(threads.expand, body)
-        if threaded:
+        original = body
+        body, applied = await asyncio.to_thread(context_edits.apply, body, prompt_size)
+        if threaded or applied:
             raw = json.dumps(body, ensure_ascii=False).encode()
         call = anthropic_map.parse_messages_call(body, defaults, limit(), require_max_tokens=False, signer=signer)
-        return {"input_tokens": len(await encoded(engine, cache, call, "count_tokens", raw))}
+        counted = {"input_tokens": len(await encoded(engine, cache, call, "count_tokens", raw))}
+        if applied is not None:  # what the edits took away, as the API reports it
+            counted["context_management"] = {"original_input_tokens": counted["input_tokens"] if not applied
+                                             else await asyncio.to_thread(prompt_size, original)}
+        return counted
 
     # -- vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer) ----------------
     @app.get("/tokenizer_info")
