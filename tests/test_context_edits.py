@@ -96,3 +96,13 @@ def test_a_bad_edit_is_a_400_naming_it(config):
     with pytest.raises(ApiError) as err:
         apply({**convo("a", "b", "c", "d"), "context_management": config}, size)
     assert err.value.status == 400 and err.value.param.startswith("context_management")
+
+
+def test_malformed_messages_are_left_for_the_parser_to_refuse():
+    body = convo("a", "b", "c", "d")
+    body["messages"] += ["junk", {"role": "assistant", "content": [7, {"type": "tool_use", "id": ["x"], "name": "f"}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": {"a": 1}}]}]
+    out, applied = edited(body, {"type": "clear_thinking_20251015"},
+                          {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 0}})
+    assert out["messages"][-3:] == body["messages"][-3:] and [a["type"] for a in applied] == [
+        "clear_thinking_20251015", "clear_tool_uses_20250919"]

@@ -52,9 +52,10 @@ def _count_of(spec, kinds: tuple[str, ...], default: int | None, param: str) -> 
     return spec["type"], spec.get("value")
 
 
-def _blocks(message: dict) -> list:
-    content = message.get("content")
-    return content if isinstance(content, list) else []
+def _blocks(message) -> list:
+    """A message's content blocks; nothing for a malformed message (the parser answers it a 400)."""
+    content = message.get("content") if isinstance(message, dict) else None
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
 def clear_thinking(messages: list[dict], edit: dict, param: str) -> int:
@@ -65,11 +66,11 @@ def clear_thinking(messages: list[dict], edit: dict, param: str) -> int:
     kind, value = _count_of(keep, ("thinking_turns", "all"), 1, f"{param}.keep")
     if kind == "all":
         return 0
-    thinking = [m for m in messages if m.get("role") == "assistant"
-                and any(isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking") for b in _blocks(m))]
+    thinking = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"
+                and any(b.get("type") in ("thinking", "redacted_thinking") for b in _blocks(m))]
     cleared = thinking[: max(0, len(thinking) - value)]
     for m in cleared:
-        m["content"] = [b for b in _blocks(m) if not (isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking"))]
+        m["content"] = [b for b in m["content"] if not (isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking"))]
     return len(cleared)
 
 
@@ -78,10 +79,10 @@ def _uses(messages: list[dict]) -> list[tuple[dict, list[dict]]]:
     results: dict[str, list[dict]] = {}
     for m in messages:
         for b in _blocks(m):
-            if isinstance(b, dict) and b.get("type") == "tool_result":
-                results.setdefault(b.get("tool_use_id"), []).append(b)
-    return [(b, results.get(b.get("id"), [])) for m in messages if m.get("role") == "assistant"
-            for b in _blocks(m) if isinstance(b, dict) and b.get("type") == "tool_use"]
+            if b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str):
+                results.setdefault(b["tool_use_id"], []).append(b)
+    return [(b, results.get(b["id"], []) if isinstance(b.get("id"), str) else []) for m in messages
+            if isinstance(m, dict) and m.get("role") == "assistant" for b in _blocks(m) if b.get("type") == "tool_use"]
 
 
 def clear_tool_uses(messages: list[dict], edit: dict, param: str, tokens: int) -> int:
