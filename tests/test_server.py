@@ -495,6 +495,14 @@ def test_context_management_edits_clear_old_tool_results_and_say_how_much(server
     assert applied == [{"type": "clear_tool_uses_20250919", "cleared_tool_uses": 3,
                         "cleared_input_tokens": plain["input_tokens"] - counted["input_tokens"]}]
     assert reply["usage"]["input_tokens"] + reply["usage"]["cache_read_input_tokens"] == counted["input_tokens"]
+    # a thread keeps the conversation as sent: a continue without the edit renders every result
+    made = httpx.post(url, json={**base, "context_management": {"edits": [edit]}, "thread": {"type": "create"}}, timeout=120).json()
+    thanks = {"role": "user", "content": "Thanks."}
+    cont = httpx.post(url, json={"model": "m", "max_tokens": 4, "messages": [thanks],
+                                 "thread": {"type": "continue", "previous_message_id": made["id"]}}, timeout=120).json()
+    full = httpx.post(url + "/count_tokens", json={**base, "messages": messages + [
+        {"role": "assistant", "content": made["content"]}, thanks]}).json()["input_tokens"]
+    assert cont["usage"]["input_tokens"] + cont["usage"]["cache_read_input_tokens"] == full
     keep_all = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}  # Claude Code's: nothing applied
     with httpx.stream("POST", url, json={**base, "stream": True, "context_management": keep_all}, timeout=120) as r:
         frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]

@@ -332,6 +332,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     async def messages(request: Request):
         raw, body = await body_of(request)
         body, threaded = await asyncio.to_thread(threads.expand, body)
+        whole = body  # a thread keeps the conversation as sent: edits apply to each request's prompt
         body, applied = await asyncio.to_thread(context_edits.apply, body, prompt_size)
         if threaded or applied:  # receipts, replays and the encode cache see the conversation as rendered
             raw = json.dumps(body, ensure_ascii=False).encode()
@@ -352,7 +353,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
         def held(reply: dict) -> dict:  # a threaded turn's conversation is kept under the reply's id
             if threaded:
-                threads.hold(reply["id"], body, reply["content"])
+                threads.hold(reply["id"], whole, reply["content"])
             if fingerprint:
                 diagnostics.remember(reply["id"], fingerprint[0])
             return reply
