@@ -285,6 +285,17 @@ def test_namespace_tool_names_stay_plain_unless_two_tools_share_one():
     assert ToolNames.of("junk").origin == {} and ToolNames.of([{"type": "namespace", "name": "n", "tools": 5}]).origin == {}
 
 
+def test_a_strict_namespace_function_is_held_to_its_schema_like_a_top_level_one():
+    from mtplx.engine.sampling import SamplingParams
+    from mtplx.server.response_store import ResponseStore
+    from mtplx.server.responses import parse_response_call
+
+    strict = {**AGENTS, "tools": [{**SPAWN, "strict": True}, AGENTS["tools"][1]]}
+    body = {"input": "x", "tools": [{"type": "function", "name": "spawn_agent", "strict": True}, strict]}
+    call = parse_response_call(body, SamplingParams(), 8192, ResponseStore(None), None)
+    assert call.strict_tools == ("spawn_agent", "multi_agent_v1.spawn_agent")  # as the model sees each
+
+
 def test_a_namespace_tools_call_names_its_namespace_as_codex_needs(tiny_dense_bank_url):
     """Codex declares its sub-agent tools in a `namespace` tool, and runs a call only when it
     comes back with that `namespace` ("unsupported call: spawn_agent" otherwise: measured with

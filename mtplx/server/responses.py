@@ -27,7 +27,7 @@ from mtplx.server.openai_request import (ChatCall, _check_text, check_schema, fl
 from mtplx.server.openai_response import token_logprobs
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
-from mtplx.server.tool_namespaces import ToolNames, described
+from mtplx.server.tool_namespaces import ToolNames, described, strict_shown
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import from_openai
 
@@ -178,7 +178,8 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     thinking = thinking_for_effort(reasoning.get("effort"), "reasoning.effort")
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
                     from_openai(_choice_shown(body.get("tool_choice"), body.get("tools")), tools, body.get("parallel_tool_calls")), schema,
-                    strict_tools=strict_names(body.get("tools")), prefill_only=cache_options(body).get("prewarm") is True)
+                    strict_tools=strict_names(body.get("tools")) + strict_shown(body.get("tools"), ToolNames.of(body.get("tools"))),
+                    prefill_only=cache_options(body).get("prewarm") is True)
 
 
 def cache_options(body: dict) -> dict:

@@ -64,3 +64,10 @@ def described(tool: dict, names: ToolNames) -> list[dict]:
         out.append({"type": "function", "function": {"name": names.shown(tool["name"], f["name"]), "description": text,
                                                      "parameters": f.get("parameters") or {"type": "object"}}})
     return out
+
+
+def strict_shown(tools, names: ToolNames) -> tuple[str, ...]:
+    """The prompt names of namespace functions marked `strict: true`: their calls are held to
+    their schema, as a top-level strict tool's are."""
+    return tuple(names.shown(t["name"], f["name"]) for t in (tools if isinstance(tools, list) else ())
+                 if _is_namespace(t) for f in _functions(t) if f.get("strict") is True)
