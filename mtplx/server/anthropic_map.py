@@ -301,7 +301,6 @@ class MessageStream:
         self.fed = 0  # pieces streamed so far; Finished.pieces holds these and what the end released
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.index, self.open_kind, self.calls = -1, None, 0
-        self.thinking = ""
         self.content: list[dict] = []  # the blocks as the client assembles them (a thread holds them)
 
     def start(self, prompt_tokens: int, cached_tokens: int, extra: dict | None = None) -> list[tuple[str, dict]]:
@@ -315,10 +314,10 @@ class MessageStream:
             return []
         out = []
         if self.open_kind == "reasoning":
-            self.content[-1]["signature"] = self.signer.sign(self.thinking)
+            self.content[-1]["signature"] = self.signer.sign(self.content[-1]["thinking"])
             out.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
                                                 "delta": {"type": "signature_delta", "signature": self.content[-1]["signature"]}}))
-        self.open_kind, self.thinking = None, ""
+        self.open_kind = None
         return out + [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def _open(self, kind: str, block: dict) -> list[tuple[str, dict]]:
@@ -347,8 +346,6 @@ class MessageStream:
         if p.kind != self.open_kind:
             block = {"type": "thinking", "thinking": "", "signature": ""} if p.kind == "reasoning" else {"type": "text", "text": ""}
             out += self._open(p.kind, block)
-        if p.kind == "reasoning":
-            self.thinking += p.text
         self.content[-1]["thinking" if p.kind == "reasoning" else "text"] += p.text
         delta = {"type": "thinking_delta", "thinking": p.text} if p.kind == "reasoning" else {"type": "text_delta", "text": p.text}
         return out + [("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})]

@@ -115,12 +115,12 @@ def to_messages(body: dict, previous: list[dict], signer: Signer | None = None, 
     return out
 
 
-def to_tools(raw) -> list[dict] | None:
+def to_tools(raw, names: ToolNames | None = None) -> list[dict] | None:
     if raw is None:
         return None
     if not isinstance(raw, list):
         raise bad_request("tools must be a list", "tools")
-    tools, names = [], ToolNames.of(raw)
+    tools, names = [], names or ToolNames.of(raw)
     for i, t in enumerate(raw):
         if not isinstance(t, dict):
             raise bad_request(f"tools[{i}] must be an object", f"tools[{i}]")
@@ -164,8 +164,9 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
                               name)
     flag(body, "store", default=True)  # checked here; read where the response is kept (app.py)
     schema = output_format.from_responses(body.get("text"))
-    messages = to_messages(body, store.get(previous) if previous else [], signer, ToolNames.of(body.get("tools")))
-    tools = to_tools(body.get("tools"))
+    names = ToolNames.of(body.get("tools"))  # namespace functions' prompt names, read once per request
+    messages = to_messages(body, store.get(previous) if previous else [], signer, names)
+    tools = to_tools(body.get("tools"), names)
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
     if logprobs_asked(body):  # the output text's tokens with `top_logprobs` alternatives each (0-20)
         mapped |= {"logprobs": True, "top_logprobs": body.get("top_logprobs") or 0}
@@ -177,8 +178,8 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
         raise bad_request("reasoning must be an object such as {'effort': 'low'}", "reasoning")
     thinking = thinking_for_effort(reasoning.get("effort"), "reasoning.effort")
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False, thinking,
-                    from_openai(_choice_shown(body.get("tool_choice"), body.get("tools")), tools, body.get("parallel_tool_calls")), schema,
-                    strict_tools=strict_names(body.get("tools")) + strict_shown(body.get("tools"), ToolNames.of(body.get("tools"))),
+                    from_openai(_choice_shown(body.get("tool_choice"), names), tools, body.get("parallel_tool_calls")), schema,
+                    strict_tools=strict_names(body.get("tools")) + strict_shown(body.get("tools"), names),
                     prefill_only=cache_options(body).get("prewarm") is True)
 
 
@@ -199,11 +200,11 @@ def cache_options(body: dict) -> dict:
     return options
 
 
-def _choice_shown(choice, tools):
+def _choice_shown(choice, names: ToolNames):
     """A named choice of a namespace's function (`{"type": "function", "name", "namespace"}`)
     under the name the model sees."""
     if isinstance(choice, dict) and isinstance(choice.get("namespace"), str) and isinstance(choice.get("name"), str):
-        return {**choice, "name": ToolNames.of(tools).shown(choice["namespace"], choice["name"])}
+        return {**choice, "name": names.shown(choice["namespace"], choice["name"])}
     return choice
 
 
