@@ -11,6 +11,11 @@ The text between the opening tag and the closing token, for the `<tool_call>` fa
 - XML (Qwen3.5, Qwen3-Coder): `\\n<function=N>\\n<parameter=K>\\nvalue\\n</parameter>\\n...</function>\\n`;
   keys are the tool's properties (any key when the schema lets others in), values are free text up
   to `\\n</parameter>` (their types are not enforced: the template writes them as text).
+DeepSeek's calls block (the text between `<｜tool▁calls▁begin｜>` and its closing token):
+- V3.1 ("plain"): `<｜tool▁call▁begin｜>N<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`, one after another;
+- V3 ("fenced"): `<｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\n{...}\n```<｜tool▁call▁end｜>`;
+  the delimiters are single tokens (`marks` names each as the grammar's `<[id]>`), and a block
+  holds one call when parallel calls are off.
 Other formats get no grammar: their bodies are read by mlx-lm's parsers, whose syntax is theirs.
 
 The output is llguidance's Lark dialect; `close` is how the grammar names the closing token
@@ -41,14 +46,18 @@ def schema_of(tool: dict) -> dict:
     return schema if isinstance(schema, dict) and schema else ANY_OBJECT
 
 
-def lark(body: str, tools: list[dict], close: str, enforced: Collection[str] = (), only: str | None = None) -> str | None:
+def lark(body: str, tools: list[dict], close: str, enforced: Collection[str] = (), only: str | None = None,
+         marks: dict[str, str] | None = None, parallel: bool = True) -> str | None:
     """The grammar of one call's body, or None for a body layout it does not know. `enforced`: the
     tools whose arguments must follow their schema (the others: any JSON object); `only`: the one
-    tool the call must be to (a named tool choice)."""
+    tool the call must be to (a named tool choice); `marks`: a DeepSeek delimiter's text -> its
+    token in the grammar; `parallel`: whether a DeepSeek block may hold several calls."""
     chosen = [t for t in tools if function(t).get("name") == only] if only else list(tools)
     chosen = [t for t in chosen if isinstance(function(t).get("name"), str)]
-    if not chosen or body not in ("json", "xml"):
+    if not chosen or body not in ("json", "xml", "plain", "fenced"):
         return None
+    if body in ("plain", "fenced"):
+        return _deepseek(body, chosen, close, enforced, marks or {}, parallel)
     rules = [f"start: {_literal(chr(10))} call {_literal(chr(10))} {close}",
              "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
     for i, tool in enumerate(chosen):
@@ -58,6 +67,28 @@ def lark(body: str, tools: list[dict], close: str, enforced: Collection[str] = (
     if body == "xml":
         # A value runs to the first "\n</parameter>" (lazy: it cannot hold that text itself).
         rules += ['value[lazy]: VALUE_TEXT "\\n</parameter>"', "VALUE_TEXT: /(.|\\n)*/", "ANY_KEY: /[^>\\s]+/"]
+    return "\n".join(rules) + "\n"
+
+
+def _deepseek(body: str, chosen: list[dict], close: str, enforced: Collection[str], marks: dict[str, str],
+              parallel: bool) -> str | None:
+    from mtplx.tool_formats import DS_CALL, DS_CALL_END, DS_SEP
+
+    if any(marks.get(m) is None for m in (DS_CALL, DS_SEP, DS_CALL_END)):
+        return None  # a vocabulary without these as single tokens: its calls run free
+    rules = [f"start: {'call+' if parallel else 'call'} {close}",
+             "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
+    for i, tool in enumerate(chosen):
+        name = function(tool)["name"]
+        schema = schema_of(tool) if name in enforced else ANY_OBJECT
+        document = json.dumps(schema | {"x-guidance": JSON_OPTIONS}, ensure_ascii=False)
+        if body == "plain":
+            head, tail = f"{_literal(name)} {marks[DS_SEP]}", ""
+        else:
+            head, tail = f"{_literal('function')} {marks[DS_SEP]} {_literal(name + chr(10) + '```json' + chr(10))}", \
+                _literal(chr(10) + "```")
+        rules += [f"call_{i}: {marks[DS_CALL]} {head} args_{i} {tail} {marks[DS_CALL_END]}",
+                  f"args_{i}: %json {document}"]
     return "\n".join(rules) + "\n"
 
 

@@ -29,6 +29,9 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
            add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> list[int]:
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     from mtplx.reply_ids import ReplyIds, encode_spliced
+    from mtplx.tool_prompt import described
+
+    messages = described(tokenizer, messages, tools)  # a template that drops tools: they go in the system prompt
 
     if template_iterates_arguments(getattr(tokenizer, "chat_template", None)):
         messages = [_arguments_as_mapping(m) for m in messages]

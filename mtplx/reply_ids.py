@@ -72,8 +72,10 @@ def spans_of(tokenizer, ids: list[int]) -> list[Span]:
     """The runs of `ids` a template may render verbatim, longest first: the whole reply; after the
     reasoning's closing tag (with and without the whitespace after it); before the first tool-call
     tag; each with trailing whitespace tokens trimmed too."""
+    from mtplx.tool_formats import format_of
+
     think_end = _token_id(tokenizer, "</think>")
-    call_start = _token_id(tokenizer, "<tool_call>")
+    call_start = _token_id(tokenizer, format_of(tokenizer).start)
     blank = lambda i: tokenizer.decode([ids[i]]).strip() == ""
     starts = [0]
     if think_end is not None and think_end in ids:

@@ -3,8 +3,8 @@
 A format is a pair of delimiters and a body parser. The `<tool_call>` family is read here: a JSON
 object (Qwen3, Hermes, the embedded models), Qwen3.5 / Qwen3-Coder XML
 (`<function=name><parameter=k>v</parameter></function>`), GLM `<arg_key>` pairs; the body decides
-which, so a stream needs no knowledge of the model for them. The other formats mlx-lm's tokenizer
-wrapper recognises (Mistral `[TOOL_CALLS]`, pythonic, Kimi, MiniMax, Gemma, LongCat, ...) use
+which, so a stream needs no knowledge of the model for them. DeepSeek's calls (V3, V3.1) are read
+here too: mlx-lm has no parser for them. The other formats mlx-lm's tokenizer wrapper recognises (Mistral `[TOOL_CALLS]`, pythonic, Kimi, MiniMax, Gemma, LongCat, ...) use
 mlx-lm's own parser for the body, imported only when such a model is loaded.
 
 This module knows text and JSON, never tokens, arrays or requests.
@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, replace
 from typing import Callable
 
 _FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
@@ -34,7 +35,8 @@ class ToolFormat:
     start: str
     end: str  # "" when a call runs to the end of the output
     parse_body: Callable[[str, list | None], list[ToolCall]]
-    body: str = ""  # the `<tool_call>` family: "json" or "xml", as the model's template writes calls
+    body: str = ""  # how the template writes a call's body: "json" or "xml" (`<tool_call>`), "plain" or
+    # "fenced" (DeepSeek V3.1 / V3), "" when not known
 
     def call_head(self, name: str) -> str | None:
         """The text a call of tool `name` starts with right after the opening tag, up to its
@@ -43,6 +45,10 @@ class ToolFormat:
             return f'\n{{"name": "{name}", "arguments":'
         if self.body == "xml":
             return f"\n<function={name}>\n"
+        if self.body == "plain":
+            return f"{DS_CALL}{name}{DS_SEP}"
+        if self.body == "fenced":
+            return f"{DS_CALL}function{DS_SEP}{name}\n```json\n"
         return None
 
     def parse(self, body: str, tools: list | None = None) -> list[ToolCall]:
@@ -100,6 +106,33 @@ def _properties(name: str, tools: list | None) -> dict:
     return {}
 
 
+# DeepSeek's delimiters: one tokenizer token each in its vocabulary.
+DS_CALLS, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL, DS_SEP, DS_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+_DS_ONE = re.compile(re.escape(DS_CALL) + "(.*?)" + re.escape(DS_SEP) + "(.*?)" + re.escape(DS_CALL_END), re.S)
+_FENCED = re.compile(r"^([^\n]+)\n```(?:json)?\n(.*)\n```\s*$", re.S)
+
+
+def _deepseek_body(body: str, tools: list | None) -> list[ToolCall]:
+    """Every call in a DeepSeek calls block. V3.1 writes `NAME<sep>ARGS`; V3 writes
+    `function<sep>NAME` and the arguments in a ```json fence. The arguments are kept as the text
+    the model wrote whenever it is a JSON object: DeepSeek's templates write a sent-back call's
+    arguments string verbatim, so the history then renders exactly what was generated."""
+    calls = []
+    for head, rest in _DS_ONE.findall(body):
+        fenced = _FENCED.match(rest)
+        if head.strip() == "function" and fenced:
+            name, args = fenced.group(1).strip(), fenced.group(2).strip()
+        else:
+            name, args = head.strip(), rest.strip()
+        if not name:
+            raise ValueError("a DeepSeek tool call without a name")
+        if not isinstance(json.loads(args), dict):
+            raise ValueError("DeepSeek tool-call arguments that are not a JSON object")
+        calls.append(ToolCall(name, args))
+    return calls
+
+
 def _delegated(module_name: str) -> Callable[[str, list | None], list[ToolCall]]:
     def parse(body: str, tools: list | None) -> list[ToolCall]:
         module = importlib.import_module(f"mlx_lm.tool_parsers.{module_name}")
@@ -131,7 +164,9 @@ _OTHERS = {
     "minicpm5": ("<function name=", "</function>"),
     "muse_spark": ("<atem:function_calls>", "</atem:function_calls>"),
 }
-FORMATS = {"tool_call": TAGGED, **{name: ToolFormat(name, s, e, _delegated(name)) for name, (s, e) in _OTHERS.items()}}
+DEEPSEEK = ToolFormat("deepseek", DS_CALLS, DS_CALLS_END, _deepseek_body, "plain")
+FORMATS = {"tool_call": TAGGED, "deepseek": DEEPSEEK,
+           **{name: ToolFormat(name, s, e, _delegated(name)) for name, (s, e) in _OTHERS.items()}}
 # mlx-lm names the `<tool_call>` bodies separately; they are one format here (any body parses),
 # remembering which body the template writes.
 _FAMILY = {"json_tools": "json", "qwen3_coder": "xml", "glm47": "glm", "laguna": "glm"}
@@ -152,15 +187,47 @@ def by_name(name: str) -> ToolFormat:
 
 
 def detect(tokenizer) -> ToolFormat | None:
-    """The format mlx-lm's tokenizer wrapper chose from the model's template or vocabulary."""
+    """The format mlx-lm's tokenizer wrapper chose from the model's template or vocabulary, or
+    DeepSeek's, which mlx-lm does not know: named by the template or, for a template that writes no
+    calls (V3.1's official one), by the vocabulary's calls token."""
     parser = getattr(tokenizer, "tool_parser", None)
     module = getattr(parser, "__module__", "") or ""
     if not module.startswith("mlx_lm.tool_parsers."):
-        return None
+        return deepseek_format(tokenizer)
     try:
         return by_name(module.rsplit(".", 1)[1])
     except ValueError:
         return None
+
+
+_OF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def format_of(tokenizer) -> ToolFormat:
+    """The format a tokenizer's model writes calls in (`detect`; the `<tool_call>` family when none
+    is recognised), looked up once per tokenizer: callers on the engine thread ask per reply."""
+    try:
+        return _OF[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    fmt = detect(tokenizer) or TAGGED
+    try:
+        _OF[tokenizer] = fmt
+    except TypeError:
+        pass
+    return fmt
+
+
+def deepseek_format(tokenizer) -> ToolFormat | None:
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    if DS_CALLS not in template:
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        if DS_CALLS not in vocab or DS_CALL not in vocab:
+            return None
+    # The original V3 template fences the arguments after a `function` type; V3.1 and later do not.
+    fenced = "```json" in template and "tool['type']" in template
+    return replace(DEEPSEEK, body="fenced") if fenced else DEEPSEEK
 
 
 def template_iterates_arguments(template: str | None) -> bool:

@@ -253,23 +253,36 @@ FAMILY_TOKENS = {
     "llama3": (("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
                "<|begin_of_text|>", "<|eot_id|>"),
     "gemma3": (("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<end_of_turn>"),
+    # tests/fixtures/deepseek_v3_1_style.jinja: DeepSeek-V3.1's role, call and think tokens
+    "deepseek_v3_1": (("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                       "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+                       "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
+                       "<｜tool▁output▁end｜>", "<｜tool▁sep｜>", "<think>", "</think>"),
+                      "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
 }
+TEMPLATES = {"deepseek_v3_1": "deepseek_v3_1_style.jinja"}
+# Special (dropped from decoded text) only where the real tokenizer marks them so: DeepSeek's role,
+# call and think tokens are plain added tokens there, so replies show them and calls parse.
+SPECIAL = {"deepseek_v3_1": {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}}
 
 
 def family_tokenizer(family: str, dest: Path) -> Path:
     """The tiny tokenizer with a family's special tokens added and its real chat template
-    (tests/fixtures/<family>): the template's markup and end-of-turn token are the real ones."""
+    (tests/fixtures/<family>; DeepSeek-V3.1: one written in its layout, TEMPLATES): the template's
+    markup and end-of-turn token are the real ones."""
     specials, bos, eos = FAMILY_TOKENS[family]
     dest.mkdir(parents=True, exist_ok=True)
     data = json.loads((TINY.parent / "tiny-dense" / "tokenizer.json").read_text())
     next_id = max(list(data["model"]["vocab"].values()) + [t["id"] for t in data["added_tokens"]]) + 1
-    for i, content in enumerate(specials):
+    known = {t["content"]: t["id"] for t in data["added_tokens"]}
+    for i, content in enumerate(c for c in specials if c not in known):
         data["added_tokens"].append({"id": next_id + i, "content": content, "single_word": False, "lstrip": False,
-                                     "rstrip": False, "normalized": False, "special": True})
+                                     "rstrip": False, "normalized": False,
+                                     "special": content in SPECIAL.get(family, specials)})
     (dest / "tokenizer.json").write_text(json.dumps(data))
     config = json.loads((TINY.parent / "tiny-dense" / "tokenizer_config.json").read_text())
     config.update(bos_token=bos, eos_token=eos, pad_token=None,
-                  chat_template=(FIXTURES / family / "chat_template.jinja").read_text())
+                  chat_template=(FIXTURES / TEMPLATES.get(family, f"{family}/chat_template.jinja")).read_text())
     config.pop("added_tokens_decoder", None)
     (dest / "tokenizer_config.json").write_text(json.dumps(config))
     return dest

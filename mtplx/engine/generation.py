@@ -29,6 +29,7 @@ from mtplx.engine.text_stream import TextStream
 from mtplx.events import DraftVerified, FirstToken, Finished, PrefillProgress, Restored, Tokens
 from mtplx.reply_stream import Piece, ReplyStream, message
 from mtplx.state import snapshot
+from mtplx.tool_formats import TAGGED
 from mtplx.state.turn import CheckpointHook, StartPoint, TurnState  # noqa: F401  (StartPoint: callers import it here)
 
 
@@ -68,12 +69,13 @@ class Generation:
         self.shape = self._ruled if rule is not None and not rule.history_free else None
         tokenizer = runner.checkpoint.tokenizer
         in_reasoning = tokenizer.decode(list(request.prompt[-4:])).rstrip().endswith("<think>")
-        self.stream = TextStream(tokenizer, self.params.stop, in_reasoning)
-        self.segments = SegmentTracker(tokenizer, start_in_reasoning=in_reasoning)
+        call_format = getattr(runner.checkpoint, "tool_format", None) or TAGGED
+        call_tags = (call_format.start, call_format.end)
+        self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags)
+        self.segments = SegmentTracker(tokenizer, start_in_reasoning=in_reasoning, call_tags=call_tags)
         # The reply is split once, here (reasoning, content, tool calls in the model's format, typed by
         # the request's tool schemas): events carry the pieces, no consumer parses the text again.
-        self.reply = ReplyStream(in_reasoning, getattr(runner.checkpoint, "tool_format", None),
-                                 (request.chat or {}).get("tools"))
+        self.reply = ReplyStream(in_reasoning, call_format, (request.chat or {}).get("tools"))
         self.pieces: list[Piece] = []
         self.stats = GenerationStats(mode="mtp" if self.use_mtp else "ar", depth=depth if self.use_mtp else 0,
                                      prompt_tokens=len(request.prompt))

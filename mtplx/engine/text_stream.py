@@ -9,16 +9,21 @@ visible character.
 
 from __future__ import annotations
 
-from mtplx.reply_stream import CALL_CLOSE, CALL_OPEN, TAGS, THINK_CLOSE, THINK_OPEN
+from mtplx.reply_stream import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
 
 HIDDEN = "\0"  # stands in for a character the client does not see as content; no stop contains it
 
 
-def visible_mask(text: str, in_reasoning: bool) -> str:
-    """`text` with every character outside visible content replaced by HIDDEN (same length)."""
+def visible_mask(text: str, in_reasoning: bool, call_tags: tuple[str, str] = (CALL_OPEN, CALL_CLOSE)) -> str:
+    """`text` with every character outside visible content replaced by HIDDEN (same length).
+    `call_tags`: the model's tool-call delimiters (tool_formats.py); a format without a closing
+    tag ("") hides everything after its opening one."""
+    modes = {THINK_OPEN: "reasoning", THINK_CLOSE: "content", call_tags[0]: "tool_call"}
+    if call_tags[1]:
+        modes[call_tags[1]] = "content"
     out, i, mode, fresh = [], 0, "reasoning" if in_reasoning else "content", True
     while i < len(text):
-        found = [(at, tag) for tag in TAGS if (at := text.find(tag, i)) != -1]
+        found = [(at, tag) for tag in modes if (at := text.find(tag, i)) != -1]
         at, tag = min(found) if found else (len(text), None)
         span = text[i:at]
         if mode == "content":
@@ -31,13 +36,15 @@ def visible_mask(text: str, in_reasoning: bool) -> str:
             break
         out.append(HIDDEN * len(tag))
         i, fresh = at + len(tag), True
-        mode = {THINK_OPEN: "reasoning", THINK_CLOSE: "content", CALL_OPEN: "tool_call", CALL_CLOSE: "content"}[tag]
+        mode = modes[tag]
     return "".join(out)
 
 
 class TextStream:
-    def __init__(self, tokenizer, stops: tuple[str, ...] = (), in_reasoning: bool = False):
+    def __init__(self, tokenizer, stops: tuple[str, ...] = (), in_reasoning: bool = False,
+                 call_tags: tuple[str, str] = (CALL_OPEN, CALL_CLOSE)):
         self.tokenizer = tokenizer
+        self.call_tags = call_tags
         self.stops = stops
         self.in_reasoning = in_reasoning
         self.ids: list[int] = []
@@ -63,7 +70,7 @@ class TextStream:
         return self._release()
 
     def _release(self) -> str:
-        visible = visible_mask(self.text, self.in_reasoning) if self.stops else self.text
+        visible = visible_mask(self.text, self.in_reasoning, self.call_tags) if self.stops else self.text
         for stop in self.stops:
             at = visible.find(stop, max(0, self.released - len(stop)))
             if at != -1:  # a later stop in the loop is searched only before this one: the earliest wins

@@ -125,6 +125,10 @@ class ToolRules:
         # One call only (parallel calls off) needs a call's end as one token; a format without one
         # runs free of that rule (its calls are still parsed, every one of them).
         self.close = token_id(tokenizer, self.format.end) if self.format.end else None
+        from mtplx.tool_formats import DS_CALL, DS_CALL_END, DS_SEP
+
+        # DeepSeek's per-call delimiters, as the grammar names single tokens
+        self.marks = {m: f"<[{i}]>" for m in (DS_CALL, DS_SEP, DS_CALL_END) if (i := token_id(tokenizer, m)) is not None}
         think = (token_id(tokenizer, "<think>"), token_id(tokenizer, "</think>"))
         self.think = think if None not in think else None
         self._blank = None
@@ -168,14 +172,14 @@ class ToolRules:
         # allowed_tools: calls name only those (the others stay described in the prompt)
         tools = [t for t in call.tools if choice.allowed is None or call_grammar.function(t).get("name") in choice.allowed]
         enforced = tuple(call_grammar.names(tools)) if choice.mode == "required" else call.strict_tools
-        key = (json.dumps(tools, sort_keys=True, default=str), choice.name, enforced)
+        key = (json.dumps(tools, sort_keys=True, default=str), choice.name, enforced, choice.parallel)
         if key not in self._grammars:
             if len(self._grammars) >= 32:
                 self._grammars.pop(next(iter(self._grammars)))
-            self._grammars[key] = self._compiled(tools, enforced, choice.name)
+            self._grammars[key] = self._compiled(tools, enforced, choice.name, choice.parallel)
         call.call_grammar = self._grammars[key]
 
-    def _compiled(self, tools: list[dict], enforced: tuple[str, ...], only: str | None):
+    def _compiled(self, tools: list[dict], enforced: tuple[str, ...], only: str | None, parallel: bool = True):
         from mtplx.engine.output_rule import Grammar, ll_tokenizer
 
         tokenizer = ll_tokenizer(self.tokenizer, self.eos_ids)
@@ -183,7 +187,7 @@ class ToolRules:
         for kept in (list(enforced), None, []):
             if kept is None:
                 kept = [name for name in enforced if self._takes(tools, name, tokenizer)]
-            text = call_grammar.lark(self.format.body, tools, f"<[{self.close}]>", kept, only)
+            text = call_grammar.lark(self.format.body, tools, f"<[{self.close}]>", kept, only, self.marks, parallel)
             if text is None:
                 return None
             try:
@@ -196,7 +200,7 @@ class ToolRules:
         from mtplx.engine.output_rule import Grammar
 
         try:
-            Grammar.from_lark(call_grammar.lark(self.format.body, tools, f"<[{self.close}]>", [name], name),
+            Grammar.from_lark(call_grammar.lark(self.format.body, tools, f"<[{self.close}]>", [name], name, self.marks),
                               tokenizer, self.eos_ids)
             return True
         except ValueError:
