@@ -218,3 +218,32 @@ def test_qwen35_forced_call_is_held_to_the_xml_grammar(qwen35):
     assert call["function"]["name"] == "goto_line"
     args = json.loads(call["function"]["arguments"])
     assert set(args) == {"line"} and isinstance(args["line"], int)
+
+
+def test_a_call_delimiter_the_tokenizer_marks_special_stays_in_the_reply_text(tmp_path):
+    """Mistral's tokenizers mark `[TOOL_CALLS]` special. Decoded with every special token skipped,
+    the delimiter vanished and the call reached the client as text; the reply text keeps the
+    format's delimiters and still drops the other special tokens."""
+    import standins
+    from transformers import AutoTokenizer
+
+    from mtplx.engine.text_stream import TextStream
+
+    data = json.loads((standins.TINY.parent / "tiny-dense" / "tokenizer.json").read_text())
+    new_id = max(list(data["model"]["vocab"].values()) + [t["id"] for t in data["added_tokens"]]) + 1
+    data["added_tokens"].append({"id": new_id, "content": "[TOOL_CALLS]", "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": False, "special": True})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    config = json.loads((standins.TINY.parent / "tiny-dense" / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    ids = tok.encode('Sure.[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]<|im_end|>',
+                     add_special_tokens=False)
+    assert new_id in ids and tok.decode(ids, skip_special_tokens=True).startswith("Sure.[{")  # what was lost
+    fmt = by_name("mistral")
+    stream = TextStream(tok, call_tags=(fmt.start, fmt.end))
+    text = "".join(stream.add(i) for i in ids)
+    assert text == 'Sure.[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]'  # <|im_end|> still dropped
+    pieces = ReplyStream(False, fmt).feed(text, final=True)
+    assert [(p.kind, p.name) for p in pieces] == [("content", None), ("tool_call", "read_file")]

@@ -9,6 +9,8 @@ visible character.
 
 from __future__ import annotations
 
+import weakref
+
 from mtplx.reply_stream import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
 
 HIDDEN = "\0"  # stands in for a character the client does not see as content; no stop contains it
@@ -56,7 +58,10 @@ class TextStream:
         self.matched: str | None = None  # the stop string that ended the text (the earliest one found)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        hidden = _hidden_ids(self.tokenizer, (THINK_OPEN, THINK_CLOSE) + tuple(self.call_tags))
+        if hidden is None:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode([i for i in ids if i not in hidden], skip_special_tokens=False)
 
     def add(self, token: int) -> str:
         """Append one token; returns the newly released text ('' if held back)."""
@@ -89,3 +94,22 @@ class TextStream:
         """At the end: release whatever was held back (it did not become a stop string)."""
         out, self.released = self.text[self.released :], len(self.text)
         return out
+
+
+_HIDDEN_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _hidden_ids(tokenizer, kept: tuple[str, ...]) -> frozenset[int] | None:
+    """The special tokens a reply's text leaves out: all of them (as `skip_special_tokens` does)
+    except the reasoning tags and the model's tool-call delimiters, which some tokenizers mark
+    special (Mistral's `[TOOL_CALLS]`): dropped, the call's markup vanished and the call reached the
+    client as text. None when the tokenizer does not list its added tokens."""
+    try:
+        known = _HIDDEN_IDS.setdefault(tokenizer, {})
+    except TypeError:
+        known = {}
+    if kept not in known:
+        added = getattr(tokenizer, "added_tokens_decoder", None)
+        known[kept] = None if not isinstance(added, dict) else frozenset(
+            i for i, t in added.items() if getattr(t, "special", False) and str(getattr(t, "content", t)) not in kept)
+    return known[kept]
