@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from mtplx.tool_formats import template_iterates_arguments
+from mtplx.tool_formats import template_iterates_arguments, template_reads_thinking
 
 @dataclass(frozen=True)
 class Boundary:
@@ -33,8 +33,11 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
 
     messages = described(tokenizer, messages, tools)  # a template that drops tools: they go in the system prompt
 
-    if template_iterates_arguments(getattr(tokenizer, "chat_template", None)):
+    template = getattr(tokenizer, "chat_template", None)
+    if template_iterates_arguments(template):
         messages = [_arguments_as_mapping(m) for m in messages]
+    if template_reads_thinking(template):
+        messages = [_reasoning_as_thinking(m) for m in messages]
     replies = ReplyIds.of(tokenizer)
     if replies.has_any(messages):
         # A reply this model generated comes back as text: its span keeps the generated ids (reply_ids.py)
@@ -119,6 +122,17 @@ def head_end(tokenizer, prompt: list[int], markers=None) -> int | None:
 
     markers = markers or Markers.from_tokenizer(tokenizer)
     return head_of(prompt, markers, turn_ends(prompt, markers))
+
+
+def _reasoning_as_thinking(message: dict) -> dict:
+    """An assistant turn's `reasoning_content` as `thinking`, for gpt-oss's template. A tool-calling
+    turn that also has content keeps only its content: that template refuses a call turn with both."""
+    if message.get("role") != "assistant" or "thinking" in message or not message.get("reasoning_content"):
+        return message
+    out = {k: v for k, v in message.items() if k != "reasoning_content"}
+    if message.get("tool_calls") and message.get("content"):
+        return out
+    return {**out, "thinking": message["reasoning_content"]}
 
 
 def _arguments_as_mapping(message: dict) -> dict:

@@ -165,7 +165,15 @@ _OTHERS = {
     "muse_spark": ("<atem:function_calls>", "</atem:function_calls>"),
 }
 DEEPSEEK = ToolFormat("deepseek", DS_CALLS, DS_CALLS_END, _deepseek_body, "plain")
-FORMATS = {"tool_call": TAGGED, "deepseek": DEEPSEEK,
+
+
+def _harmony_body(body: str, tools: list | None) -> list[ToolCall]:
+    raise ValueError("harmony calls are read from message headers (mtplx/harmony.py), not a delimited body")
+
+
+# gpt-oss: a call is a message whose header names its recipient; no delimiters (harmony.py reads it)
+HARMONY = ToolFormat("harmony", "", "", _harmony_body)
+FORMATS = {"tool_call": TAGGED, "deepseek": DEEPSEEK, "harmony": HARMONY,
            **{name: ToolFormat(name, s, e, _delegated(name)) for name, (s, e) in _OTHERS.items()}}
 # mlx-lm names the `<tool_call>` bodies separately; they are one format here (any body parses),
 # remembering which body the template writes.
@@ -193,7 +201,7 @@ def detect(tokenizer) -> ToolFormat | None:
     parser = getattr(tokenizer, "tool_parser", None)
     module = getattr(parser, "__module__", "") or ""
     if not module.startswith("mlx_lm.tool_parsers."):
-        return deepseek_format(tokenizer)
+        return deepseek_format(tokenizer) or (HARMONY if _is_harmony(tokenizer) else None)
     try:
         return by_name(module.rsplit(".", 1)[1])
     except ValueError:
@@ -218,6 +226,12 @@ def format_of(tokenizer) -> ToolFormat:
     return fmt
 
 
+def _is_harmony(tokenizer) -> bool:
+    from mtplx.harmony import is_harmony
+
+    return is_harmony(tokenizer)
+
+
 def deepseek_format(tokenizer) -> ToolFormat | None:
     template = getattr(tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else ""
@@ -232,5 +246,18 @@ def deepseek_format(tokenizer) -> ToolFormat | None:
 
 def template_iterates_arguments(template: str | None) -> bool:
     """Whether a chat template walks tool-call arguments as a mapping (Qwen3.5 / Qwen3-Coder:
-    `arguments|items`), so arguments sent as a JSON string must reach it parsed."""
-    return bool(template) and bool(re.search(r"arguments\s*\|\s*items|arguments\.items\(\)", template))
+    `arguments|items`), or serialises them with `tojson` without first asking whether they are a
+    string already (gpt-oss, Llama 3.1: a JSON string would render quoted, `"{\"path\": ...}"`), so
+    arguments sent as a JSON string must reach it parsed."""
+    if not template:
+        return False
+    if re.search(r"arguments\s*\|\s*items|arguments\.items\(\)", template):
+        return True
+    return bool(re.search(r"arguments\s*\|\s*tojson", template)) and not re.search(r"arguments\s+is\s+string", template)
+
+
+def template_reads_thinking(template: str | None) -> bool:
+    """Whether a chat template takes an assistant turn's reasoning as `thinking` (gpt-oss) rather
+    than `reasoning_content`: reasoning sent back under the OpenAI name is then renamed for it."""
+    return bool(template) and bool(re.search(r"\.thinking\b|\[['\"]thinking['\"]\]", template)) \
+        and "reasoning_content" not in template

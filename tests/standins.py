@@ -63,6 +63,10 @@ def config_for(kind: str, vocab: int) -> dict:
     if kind == "gemma2":
         return dict(dense, model_type="gemma2", architectures=["Gemma2ForCausalLM"], final_logit_softcapping=30.0,
                     attn_logit_softcapping=50.0, query_pre_attn_scalar=32, sliding_window=64, torch_dtype="bfloat16")
+    if kind == "gpt_oss":  # built in MLX layout (mlx-lm's own names), as mlx-community's conversions are
+        return dict(dense, model_type="gpt_oss", architectures=["GptOssForCausalLM"], num_local_experts=4,
+                    num_experts_per_tok=2, intermediate_size=64, sliding_window=64, rope_theta=150000,
+                    layer_types=["sliding_attention", "full_attention"], rms_norm_eps=1e-5, torch_dtype="bfloat16")
     if kind == "gemma3":
         text = dict(dense, model_type="gemma3_text", sliding_window=64, sliding_window_pattern=2,
                     query_pre_attn_scalar=32, rope_local_base_freq=10000.0, rope_theta=1e6)
@@ -259,8 +263,11 @@ FAMILY_TOKENS = {
                        "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
                        "<｜tool▁output▁end｜>", "<｜tool▁sep｜>", "<think>", "</think>"),
                       "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    # tests/fixtures/harmony_style.jinja: gpt-oss's harmony markup (all special, as in its vocabulary)
+    "gptoss": (("<|startoftext|>", "<|return|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>",
+                "<|constrain|>"), "<|startoftext|>", "<|return|>"),
 }
-TEMPLATES = {"deepseek_v3_1": "deepseek_v3_1_style.jinja"}
+TEMPLATES = {"deepseek_v3_1": "deepseek_v3_1_style.jinja", "gptoss": "harmony_style.jinja"}
 # Special (dropped from decoded text) only where the real tokenizer marks them so: DeepSeek's role,
 # call and think tokens are plain added tokens there, so replies show them and calls parse.
 SPECIAL = {"deepseek_v3_1": {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}}

@@ -25,9 +25,10 @@ from mtplx.engine.segments import SegmentTracker
 from mtplx.engine.prediction import DEPTH as PREDICTED_DEPTH, Prediction
 from mtplx.engine.speculation import Speculator
 from mtplx.engine.stats import GenerationStats
-from mtplx.engine.text_stream import TextStream
+from mtplx.engine.text_stream import HIDDEN, TextStream
 from mtplx.events import DraftVerified, FirstToken, Finished, PrefillProgress, Restored, Tokens
 from mtplx.reply_stream import Piece, ReplyStream, message
+from mtplx import harmony
 from mtplx.state import snapshot
 from mtplx.tool_formats import TAGGED
 from mtplx.state.turn import CheckpointHook, StartPoint, TurnState  # noqa: F401  (StartPoint: callers import it here)
@@ -70,12 +71,18 @@ class Generation:
         tokenizer = runner.checkpoint.tokenizer
         in_reasoning = tokenizer.decode(list(request.prompt[-4:])).rstrip().endswith("<think>")
         call_format = getattr(runner.checkpoint, "tool_format", None) or TAGGED
-        call_tags = (call_format.start, call_format.end)
-        self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags)
-        self.segments = SegmentTracker(tokenizer, start_in_reasoning=in_reasoning, call_tags=call_tags)
+        call_tags, tools = (call_format.start, call_format.end), (request.chat or {}).get("tools")
         # The reply is split once, here (reasoning, content, tool calls in the model's format, typed by
         # the request's tool schemas): events carry the pieces, no consumer parses the text again.
-        self.reply = ReplyStream(in_reasoning, call_format, (request.chat or {}).get("tools"))
+        if call_format.name == "harmony":  # gpt-oss: channels and recipients in message headers
+            self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags, harmony.MARKUP,
+                                     lambda text: harmony.visible_mask(text, HIDDEN))
+            self.segments = harmony.HarmonySegments(tokenizer)
+            self.reply = harmony.HarmonyReply(tools)
+        else:
+            self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags)
+            self.segments = SegmentTracker(tokenizer, start_in_reasoning=in_reasoning, call_tags=call_tags)
+            self.reply = ReplyStream(in_reasoning, call_format, tools)
         self.pieces: list[Piece] = []
         self.stats = GenerationStats(mode="mtp" if self.use_mtp else "ar", depth=depth if self.use_mtp else 0,
                                      prompt_tokens=len(request.prompt))

@@ -10,6 +10,7 @@ visible character.
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 from mtplx.reply_stream import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
 
@@ -44,9 +45,15 @@ def visible_mask(text: str, in_reasoning: bool, call_tags: tuple[str, str] = (CA
 
 class TextStream:
     def __init__(self, tokenizer, stops: tuple[str, ...] = (), in_reasoning: bool = False,
-                 call_tags: tuple[str, str] = (CALL_OPEN, CALL_CLOSE)):
+                 call_tags: tuple[str, str] = (CALL_OPEN, CALL_CLOSE), markup: tuple[str, ...] = (),
+                 mask: Callable[[str], str] | None = None):
+        """`call_tags`: the model's tool-call delimiters; `markup`: further special tokens its
+        replies are read by (gpt-oss's harmony headers), kept in the text; `mask`: what of the text
+        is visible content, when the tags alone do not say (harmony.visible_mask)."""
         self.tokenizer = tokenizer
         self.call_tags = call_tags
+        self.kept = (THINK_OPEN, THINK_CLOSE) + tuple(call_tags) + tuple(markup)
+        self.mask = mask or (lambda text: visible_mask(text, self.in_reasoning, self.call_tags))
         self.stops = stops
         self.in_reasoning = in_reasoning
         self.ids: list[int] = []
@@ -58,7 +65,7 @@ class TextStream:
         self.matched: str | None = None  # the stop string that ended the text (the earliest one found)
 
     def _decode(self, ids: list[int]) -> str:
-        hidden = _hidden_ids(self.tokenizer, (THINK_OPEN, THINK_CLOSE) + tuple(self.call_tags))
+        hidden = _hidden_ids(self.tokenizer, self.kept)
         if hidden is None:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode([i for i in ids if i not in hidden], skip_special_tokens=False)
@@ -75,7 +82,7 @@ class TextStream:
         return self._release()
 
     def _release(self) -> str:
-        visible = visible_mask(self.text, self.in_reasoning, self.call_tags) if self.stops else self.text
+        visible = self.mask(self.text) if self.stops else self.text
         for stop in self.stops:
             at = visible.find(stop, max(0, self.released - len(stop)))
             if at != -1:  # a later stop in the loop is searched only before this one: the earliest wins

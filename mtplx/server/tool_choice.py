@@ -121,7 +121,8 @@ class ToolRules:
 
         self.tokenizer, self.eos_ids = tokenizer, tuple(sorted(eos_ids))
         self.format = tool_format or TAGGED
-        self.open = token_id(tokenizer, self.format.start or OPEN_TAG)
+        # harmony (gpt-oss) calls open with a header, not one token: nothing to steer (yet)
+        self.open = None if self.format.name == "harmony" else token_id(tokenizer, self.format.start or OPEN_TAG)
         # One call only (parallel calls off) needs a call's end as one token; a format without one
         # runs free of that rule (its calls are still parsed, every one of them).
         self.close = token_id(tokenizer, self.format.end) if self.format.end else None
