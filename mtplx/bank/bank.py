@@ -119,7 +119,8 @@ class TurnRecord:
 class SessionBank:
     def __init__(self, tokenizer, identity: str, *, recurrent: bool, config: BankConfig = BankConfig(), ssd=None,
                  notify: Callable[[str, str], None] = lambda action, detail: None):
-        """`recurrent`: the model has recurrent layers (their state exists only at captured points);
+        """`recurrent`: the model has layers whose state exists only at captured points (recurrent
+        ones, and sliding-window ones past their window), so prefills capture it at anchors;
         `notify(action, detail)` hears every bank action."""
         self.tokenizer, self.base_identity, self.recurrent = tokenizer, identity, recurrent
         self.config, self.ssd, self.notify = config, ssd, notify

@@ -61,11 +61,10 @@ def restorable_positions(length: int, checkpoints, *, recurrent: bool, window: i
 
     Attention KV cuts anywhere; recurrent state exists at captured checkpoints and the end. A
     sliding-window layer of `window` tokens never drops one while length <= window (a cold
-    prefill to any earlier point holds the same tokens); past that its ring buffer has rotated,
-    the state of an earlier point is gone and only the end is exact (its checkpoints are not
-    captured, so a recurrent checkpoint cannot be used with it either)."""
+    prefill to any earlier point holds the same tokens); past that its ring buffer has rotated and
+    an earlier point's state exists only at a checkpoint, which captures it with the rest."""
     if window is not None and length > window:
-        return (length,)
+        return tuple(sorted({*checkpoints, length}))
     if not recurrent:
         return None
     return tuple(sorted({*checkpoints, length}))

@@ -53,11 +53,12 @@ def idle_chunk(length: int, largest: int = IDLE_CHUNK) -> int:
 
 def restore(entry: Entry, position: int) -> TurnState:
     """Fresh caches holding `entry`'s state at `position` (a point the planner chose)."""
-    snap = snapshot.truncate_kv(entry.trunk, position)
-    if entry.recurrent and position != len(entry.tokens):
-        arrays = entry.checkpoints[position]
-        snap = [s if a is None else snapshot.LayerSnapshot("arrays", tuple(a)) for s, a in zip(snap, arrays)]
-    trunk = snapshot.restore(snap)
+    snap = entry.trunk
+    if position != len(entry.tokens) and position in entry.checkpoints:
+        # recurrent and sliding-window layers from the checkpoint there (their state at the end
+        # cannot be cut back to it); full attention cut from the end
+        snap = snapshot.at_checkpoint(snap, entry.checkpoints[position], position)
+    trunk = snapshot.restore(snapshot.truncate_kv(snap, position))
     mtp, pending = None, None
     if entry.mtp is not None:
         keep = min(position, entry.mtp.offset)

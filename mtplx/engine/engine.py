@@ -317,7 +317,8 @@ class Engine:
                         self.ssd_error = f"{type(exc).__name__}: {exc}"
                         log.warning("SSD tier unavailable (%s); the bank is RAM-only", self.ssd_error)
                 self.bank = SessionBank(self.checkpoint.tokenizer, self.checkpoint.identity,
-                                        recurrent=self.runner.has_recurrent, config=self.bank_config, ssd=ssd,
+                                        recurrent=self.runner.has_recurrent or self.runner.has_window,
+                                        config=self.bank_config, ssd=ssd,
                                         notify=lambda action, detail: self._broadcast(BankDecision(self.busy, action, detail)))
                 self.bank_executor = self._bank_executor()
         except BaseException as exc:  # reported to start(), which re-raises it on the caller's thread

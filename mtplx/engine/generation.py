@@ -133,7 +133,8 @@ class Generation:
         last_hidden = None
         # Recurrent layers that can keep their state at a position inside a forward (and attention
         # KV, a prefix) let a checkpoint fall inside a chunk; others end a forward there.
-        inside = self.runner.can_capture
+        # A sliding-window layer's state exists at a chunk's end only.
+        inside = self.runner.can_capture and not self.runner.has_window
         for end in self._chunk_ends(cached, len(prompt), () if inside else checkpoints):
             while True:
                 if cancelled():  # an abandoned request frees the engine within one chunk
@@ -155,7 +156,7 @@ class Generation:
             for stop, recurrent in cache_state.take_stopped(state.trunk, stops).items():
                 on_checkpoint(begin + stop, recurrent)
             if on_checkpoint and end in checkpoints:
-                on_checkpoint(end, snapshot.recurrent_arrays(state.trunk))
+                on_checkpoint(end, snapshot.checkpoint_arrays(state.trunk))
             yield PrefillProgress(self.request.request_id, end - cached, len(prompt) - cached)
         self.stats.prefill_s = time.perf_counter() - t0
         self.state = state

@@ -10,7 +10,7 @@ import os
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from mtplx.engine import compiled, gdn_capture, preemption
 from mtplx.engine.checkpoint import Checkpoint
@@ -116,6 +116,14 @@ class ModelRunner:
         return index if self.draft_ids is None else self.draft_ids[index]
 
     # -- caches -----------------------------------------------------------------------------
+    @property
+    def has_window(self) -> bool:
+        """Whether the trunk has sliding-window layers (Gemma 2/3, gpt-oss): their state past the
+        window exists only where a prefill took a checkpoint, as recurrent state does."""
+        if not hasattr(self, "_has_window"):
+            self._has_window = any(isinstance(c, RotatingKVCache) for c in self.new_trunk_cache())
+        return self._has_window
+
     def new_trunk_cache(self) -> list:
         return make_prompt_cache(self.model)
 

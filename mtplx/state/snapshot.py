@@ -7,7 +7,8 @@ not written, so copying the list is enough), and `KVCache.state` returns the liv
 Sliding-window layers (`RotatingKVCache`, Gemma 2/3) are kept as their tokens in temporal order
 (keys, values, and [max_size, keep]): the state the cache itself puts its buffer in before every
 multi-token update, which is how a cold prefill leaves it. Such a layer can be cut back only while
-it has never dropped a token (plan.restorable_positions says where).
+it has never dropped a token; past that, an earlier point's state exists only where a prefill took
+a checkpoint of it (`checkpoint_arrays`; plan.restorable_positions says where).
 """
 
 from __future__ import annotations
@@ -112,3 +113,34 @@ def recurrent_arrays(cache: list) -> list:
     """The recurrent layers' current arrays, a checkpoint of them (a copied list: their arrays
     are replaced, never written); None for attention layers."""
     return [tuple(layer.cache) if isinstance(layer, ArraysCache) else None for layer in cache]
+
+
+def checkpoint_arrays(cache: list) -> list:
+    """A checkpoint of every layer whose state cannot be cut back from a later one: recurrent
+    arrays, and a sliding-window layer's tokens in temporal order (an independent copy, with
+    [max_size, keep]: once its ring has dropped a token, the state of an earlier point exists
+    only where one was taken); None for full attention, which cuts anywhere."""
+    out = []
+    for layer in cache:
+        if isinstance(layer, ArraysCache):
+            out.append(tuple(layer.cache))
+        elif isinstance(layer, RotatingKVCache):
+            out.append(_rotating_snapshot(layer).arrays)
+        else:
+            out.append(None)
+    mx.eval([a for arrays in out if arrays for a in arrays if a is not None])
+    return out
+
+
+def at_checkpoint(snap: list[LayerSnapshot], arrays: list, position: int) -> list[LayerSnapshot]:
+    """`snap` (taken later) with its recurrent and sliding-window layers replaced by a checkpoint
+    taken at `position` (checkpoint_arrays); its full-attention layers are left to truncate_kv."""
+    out = []
+    for s, a in zip(snap, arrays):
+        if a is None:
+            out.append(s)
+        elif s.kind == "rotating":
+            out.append(LayerSnapshot("rotating", tuple(a), position))
+        else:
+            out.append(LayerSnapshot("arrays", tuple(a)))
+    return out

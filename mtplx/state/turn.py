@@ -36,6 +36,7 @@ class StartPoint:
         return self.state.length if self.state else 0
 
 
-# Called at each checkpoint position during prefill with the recurrent arrays there
-# (snapshot.recurrent_arrays' shape: per layer a tuple, or None for attention layers).
+# Called at each checkpoint position during prefill with the layers' state there that cannot be cut
+# back from a later one (snapshot.checkpoint_arrays: per layer a tuple of recurrent arrays or a
+# sliding-window layer's tokens, or None for full attention).
 CheckpointHook = Callable[[int, list], None]

@@ -1,0 +1,78 @@
+"""Sliding-window models (gpt-oss, Gemma 2/3) restore past their window. A sliding-window layer's
+ring buffer drops tokens once the window fills, so an entry's end state cannot be cut back to an
+earlier anchor; the prefill now takes a checkpoint of those layers at the anchors it passes, as it
+does of recurrent state. On stand-ins with a 64-token window and prompts of ~350 tokens, the next
+turn restores its history (it restored nothing before: "cold", ceiling 0), the greedy reply is the
+cold engine's token for token, and the checkpoints survive a restart through the SSD tier.""" 
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import standins
+from mtplx.bank.bank import BankConfig
+from mtplx.bank.ssd import SsdConfig
+from mtplx.chat import chat_request
+from mtplx.engine.engine import Engine, EngineConfig
+from mtplx.engine.sampling import SamplingParams
+from mtplx.events import Restored
+
+FIRST = [{"role": "system", "content": "You are a careful agent in a repository. " * 25},
+         {"role": "user", "content": "Explain the layout of this repository, please. " * 8}]
+SECOND = FIRST + [{"role": "assistant", "content": "It has src, tests and docs."},
+                  {"role": "user", "content": "What is in docs?"}]
+
+
+@pytest.fixture(scope="module", params=["gpt_oss", "gemma3"])
+def model(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    if request.param == "gpt_oss":
+        tok = standins.family_tokenizer("gptoss", root / "tok")
+        specials = {t["content"]: t["id"] for t in json.loads((tok / "tokenizer.json").read_text())["added_tokens"]}
+        return standins.build("gpt_oss", root / "model", tok, generation_config={
+            "eos_token_id": [specials["<|return|>"], specials["<|call|>"]]})
+    return standins.build("gemma3", root / "model", standins.family_tokenizer("gemma3", root / "tok"))
+
+
+def _run(engine, messages):
+    request = chat_request(engine.checkpoint.tokenizer, messages, session="s",
+                           sampling=SamplingParams(max_tokens=12, temperature=0))
+    return engine.submit(request).result()
+
+
+def test_the_next_turn_restores_past_the_window_and_equals_cold(model, tmp_path):
+    cold = Engine(model, EngineConfig(chunk_size=64)).start()
+    try:
+        expected = [_run(cold, FIRST).token_ids, _run(cold, SECOND).token_ids]
+    finally:
+        cold.stop()
+
+    def warm():
+        return Engine(model, EngineConfig(chunk_size=64), bank=BankConfig(),
+                      ssd=SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=0)).start()
+
+    engine, seen = warm(), []
+    engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
+    try:
+        assert engine.runner.has_window
+        window = min(c.max_size for c in engine.runner.new_trunk_cache() if hasattr(c, "max_size"))
+        first = _run(engine, FIRST)
+        second = _run(engine, SECOND)
+        assert [first.token_ids, second.token_ids] == expected  # restored == cold
+        restored = seen[-1]
+        assert restored.cached_tokens > 4 * window, restored  # well past the window
+        # at an anchor inside the first turn's prompt: its end state could not be cut back to it
+        assert restored.cached_tokens < first.prompt_tokens, restored
+    finally:
+        engine.stop()
+    engine, seen = warm(), []  # a restart: the checkpoint comes back from the SSD tier
+    engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
+    try:
+        assert _run(engine, SECOND).token_ids == expected[1]
+        # the second turn's entry (prompt + reply, past the window), cut back to the checkpoint at
+        # its prompt's end: the one point a repeat of that prompt can start from
+        assert seen[-1].source == "ssd" and seen[-1].cached_tokens == second.prompt_tokens - 1, seen[-1]
+    finally:
+        engine.stop()
