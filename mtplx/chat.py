@@ -26,8 +26,13 @@ class Boundary:
 
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
-           add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> list[int]:
+           add_generation_prompt: bool = True, enable_thinking: bool | None = None,
+           reasoning_effort: str | None = None) -> list[int]:
+    """`reasoning_effort`: low / medium / high for templates that take it (gpt-oss's
+    `Reasoning:` line); others ignore it."""
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    if reasoning_effort is not None:
+        kwargs["reasoning_effort"] = reasoning_effort
     from mtplx.reply_ids import ReplyIds, encode_spliced
     from mtplx.tool_prompt import described
 
@@ -53,7 +58,7 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
 
 def chat_request(tokenizer, messages: list[dict], tools: list[dict] | None = None, *, sampling=None,
                  enable_thinking: bool | None = None, prompt: list[int] | None = None, prefill: str | None = None,
-                 **fields):
+                 reasoning_effort: str | None = None, **fields):
     """The one way chat input becomes a GenerationRequest (server routes, TUI chat and replay, CLI
     generate, agents in tests and benches): the prompt rendered with the template (or `prompt`,
     when the caller rendered it already, e.g. through the server's encode cache) and the chat kept
@@ -64,9 +69,11 @@ def chat_request(tokenizer, messages: list[dict], tools: list[dict] | None = Non
     from mtplx.engine.sampling import SamplingParams
 
     if prompt is None:
-        prompt = render(tokenizer, messages, tools, enable_thinking=enable_thinking)
+        prompt = render(tokenizer, messages, tools, enable_thinking=enable_thinking, reasoning_effort=reasoning_effort)
         prompt = with_prefill(tokenizer, prompt, prefill)
     chat = {"messages": list(messages), "tools": tools, "enable_thinking": enable_thinking}
+    if reasoning_effort is not None:  # the bank's re-renderings (render-ahead) use the same options
+        chat["reasoning_effort"] = reasoning_effort
     if prefill is not None:
         chat["prefill"] = prefill
     return GenerationRequest(tuple(prompt), sampling or SamplingParams(), chat=chat, **fields)

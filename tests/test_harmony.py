@@ -144,3 +144,41 @@ def test_a_gpt_oss_checkpoint_is_served(gptoss_dir):
             assert r.status_code == 200, r.text
     finally:
         engine.stop()
+
+
+def test_reasoning_effort_reaches_a_template_that_takes_it(gptoss_dir):
+    """gpt-oss's `Reasoning:` line follows the request's effort on every route (chat's
+    `reasoning_effort`, Responses' `reasoning.effort`, Anthropic's `output_config.effort`);
+    "none" / "minimal" are its lowest level, Codex's "xhigh" its highest; without one, medium."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.bank.bank import BankConfig
+    from mtplx.chat import render
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.events import Queued
+    from mtplx.server.app import create_app
+
+    engine = Engine(gptoss_dir, EngineConfig(chunk_size=64), name="gpt-oss", bank=BankConfig()).start()
+    tok = engine.checkpoint.tokenizer
+    chat = [{"role": "user", "content": "hi"}]
+    assert "Reasoning: high" in tok.decode(render(tok, chat, reasoning_effort="high"))
+    assert "Reasoning: medium" in tok.decode(render(tok, chat))
+    queued: list = []
+    engine.listeners.append(lambda e: queued.append(e.request) if isinstance(e, Queued) else None)
+    try:
+        with TestClient(create_app(engine, "gpt-oss")) as client:
+            for effort, level in (("low", "low"), ("minimal", "low"), ("xhigh", "high"), ("medium", "medium")):
+                tokens = client.post("/tokenize", json={"messages": chat, "reasoning_effort": effort}).json()["tokens"]
+                assert f"Reasoning: {level}\n" in tok.decode(tokens), effort
+            for route, body in (("/v1/responses", {"input": "hi", "reasoning": {"effort": "low"}, "max_output_tokens": 4}),
+                                ("/v1/messages", {"messages": chat, "max_tokens": 4, "output_config": {"effort": "low"}}),
+                                ("/v1/chat/completions", {"messages": chat, "max_tokens": 4, "reasoning_effort": "low"})):
+                r = client.post(route, json={"model": "gpt-oss", **body})
+                assert r.status_code == 200, r.text
+                assert "Reasoning: low\n" in tok.decode(list(queued[-1].prompt)), route
+                assert queued[-1].chat["reasoning_effort"] == "low"  # render-ahead renders the next turn alike
+            bad = client.post("/v1/messages", json={"model": "gpt-oss", "messages": chat, "max_tokens": 4,
+                                                    "output_config": {"effort": 3}})
+            assert bad.status_code == 400 and "output_config.effort" in bad.text
+    finally:
+        engine.stop()

@@ -11,7 +11,8 @@ from mtplx.events import Finished, Tokens
 from mtplx.server import anthropic_tools, compaction, output_format, prefill
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
-from mtplx.server.openai_request import ChatCall, _check_text, check_schema, sampling_from, stream_flag, strict_names
+from mtplx.server.openai_request import (ChatCall, _check_text, check_schema, effort_level, sampling_from, stream_flag,
+                                         strict_names)
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import ToolChoice, from_anthropic
@@ -191,7 +192,17 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
     return ChatCall(messages, tools, sampling_from(mapped, defaults, limit), stream, False,
                     thinking, choice,
                     output_format.from_anthropic(body.get("output_config")), prefill=start,
-                    reasoning_budget=budget_of(body.get("thinking")), strict_tools=strict_names(body.get("tools")))
+                    reasoning_budget=budget_of(body.get("thinking")), strict_tools=strict_names(body.get("tools")),
+                    reasoning_effort=_effort(body.get("output_config")))
+
+
+def _effort(config) -> str | None:
+    """`output_config.effort` (low / medium / high): the level a template that takes one reads
+    (gpt-oss); a local model has no other effort dial."""
+    effort = config.get("effort") if isinstance(config, dict) else None
+    if effort is not None and not isinstance(effort, str):
+        raise bad_request("output_config.effort must be a string such as 'low' or 'high'", "output_config.effort")
+    return effort_level(effort)
 
 
 def with_format(messages: list[dict], config) -> list[dict]:

@@ -415,7 +415,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 tokens = await encoded(engine, cache, call, "tokenize", raw)
             else:
                 tokens = await asyncio.to_thread(lambda: render(tokenizer, call.messages, call.tools,
-                                                                add_generation_prompt=False, enable_thinking=call.enable_thinking))
+                                                                add_generation_prompt=False, enable_thinking=call.enable_thinking,
+                                                                reasoning_effort=call.reasoning_effort))
         return tokenizer_api.answer(tokens, tokenizer, limit(), body)
 
     @app.post("/detokenize")

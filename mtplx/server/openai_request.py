@@ -43,6 +43,7 @@ class ChatCall:
     call_grammar: object = None  # a tool call's body held to the tools (ToolRules.compile), when encoded
     prompt_logprobs: int | None = None  # a text completion's echo + logprobs: the prompt scored too
     prefill_only: bool = False  # compute the prompt, generate nothing (a prewarm; completions' max_tokens 0)
+    reasoning_effort: str | None = None  # low / medium / high, for templates that take it (effort_level)
 
 
 def _reject_constant(name: str):
@@ -119,6 +120,16 @@ def thinking_for_effort(effort, param: str) -> bool | None:
     if not isinstance(effort, str):
         raise bad_request(f"{param} must be a string such as 'low' or 'high'", param)
     return False if effort in ("none", "minimal") else None
+
+
+def effort_level(effort) -> str | None:
+    """OpenAI's reasoning effort as the level a template takes (gpt-oss's `Reasoning: low |
+    medium | high`): "none" and "minimal" are its lowest, Codex's "xhigh" its highest; unknown
+    names leave the template's default. A non-string is refused by thinking_for_effort."""
+    if not isinstance(effort, str):
+        return None
+    return {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+            "xhigh": "high"}.get(effort)
 
 
 def parse_messages(raw) -> list[dict]:
@@ -329,7 +340,7 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
                     from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")),
                     output_format.from_openai(body.get("response_format")), prefill=start,
                     prediction=_prediction(body.get("prediction")), strict_tools=strict_names(body.get("tools")),
-                    n=choices(body))
+                    n=choices(body), reasoning_effort=effort_level(body.get("reasoning_effort")))
 
 
 def _prediction(value) -> str | None:
