@@ -8,6 +8,7 @@ so `mtplx models` answers without importing MLX.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -136,6 +137,7 @@ def describe(path: Path, name: str | None = None) -> dict:
         template = json.loads(tok_config.read_text()).get("chat_template") or ""
     if (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()
+    template = re.sub(r"\{#.*?#\}", "", template, flags=re.S)  # what it does, not what its comments say
     layer_types = text.get("layer_types") or []
     return {
         "name": name or hub_cache.repo_id_of(path) or path.name,
@@ -159,8 +161,21 @@ def describe(path: Path, name: str | None = None) -> dict:
             "tools": "tools" in template,
             "thinking": "<think>" in template,
             "enable_thinking": "enable_thinking" in template,
+            "calls": call_format_named(template),
         },
     }
+
+
+def call_format_named(template: str) -> str | None:
+    """The tool-call format a template writes calls in, read from its text (no tokenizer, no MLX):
+    what `mtplx models` shows; the engine decides from the loaded tokenizer (tool_formats.detect)."""
+    if "<|channel|>" in template:
+        return "harmony"
+    if "<｜tool▁calls▁begin｜>" in template:
+        return "deepseek"
+    if "<tool_call>" in template:
+        return "<tool_call> xml" if "<function=" in template else "<tool_call>"
+    return None
 
 
 def mtp_notice(config: dict, has_head: bool, runs_on: str | None = "") -> str | None:

@@ -74,6 +74,8 @@ def models(
     for r in rows:
         t = r["template"]
         features = ", ".join(k for k in ("tools", "thinking", "enable_thinking") if t[k]) or "none"
+        if t.get("calls"):  # a template that drops `tools` gets them described in the system prompt (tool_prompt.py)
+            features += f"; calls: {t['calls']}" + ("" if t["tools"] else " (tools described by mtplx)")
         typer.echo(f"{r['name']:<14} {r['architecture']:<9} {r['parameters'] / 1e6:5.2f}M params  "
                    f"layers {r['layers']} ({r['recurrent_layers']} recurrent)  "
                    f"MTP {'yes' if r['mtp'] else 'no'}  template: {features}\n{'':<14} {r['path']}"

@@ -200,3 +200,20 @@ def test_stops_and_segments_know_deepseeks_call_tokens(tmp_path):
     opened, closed = ids.index(tok.convert_tokens_to_ids(DS_CALLS)), ids.index(tok.convert_tokens_to_ids(DS_CALLS_END))
     assert set(kinds[:opened]) == {"content"} and set(kinds[opened:closed + 1]) == {"tool_call"}
     assert set(kinds[closed + 1:]) == {"content"}
+
+
+def test_models_names_the_call_format_and_who_describes_the_tools(deepseek_engine):
+    """`mtplx models` says how a checkpoint writes calls and, for a template that drops `tools`,
+    that mtplx describes them (read from the template's text: no tokenizer, no MLX)."""
+    from typer.testing import CliRunner
+
+    from mtplx.catalog import describe
+    from mtplx.cli import app
+
+    path = deepseek_engine.checkpoint.path
+    template = describe(path)["template"]
+    assert template["calls"] == "deepseek" and not template["tools"]  # its comments mention `tools`; its code does not
+    out = CliRunner().invoke(app, ["models", str(path)]).output
+    assert "calls: deepseek (tools described by mtplx)" in out
+    embedded = describe(Path(__file__).resolve().parents[1] / "mtplx" / "assets" / "models" / "tiny-dense")["template"]
+    assert embedded["calls"] == "<tool_call>" and embedded["tools"]
