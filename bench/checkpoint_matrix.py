@@ -64,6 +64,14 @@ def build(root: Path) -> dict:
         generation_config={"eos_token_id": [specials["<|end_of_text|>"], specials["<|eot_id|>"]]})), False)
     rows["Gemma 3 (Gemma 3's real chat template and turn tokens)"] = (str(standins.build(
         "gemma3", root / "gemma3-template", standins.family_tokenizer("gemma3", root / "gemma3-tokenizer"))), False)
+    rows["DeepSeek-V3-style MTP with a V3.1-layout template (DeepSeek's call tokens; tools described by mtplx)"] = (
+        str(standins.build("deepseek_v3", root / "deepseek_v3_1", standins.family_tokenizer("deepseek_v3_1",
+                                                                                             root / "ds31-tokenizer"))), True)
+    gptoss = standins.family_tokenizer("gptoss", root / "gptoss-tokenizer")
+    harmony = {t["content"]: t["id"] for t in json.loads((gptoss / "tokenizer.json").read_text())["added_tokens"]}
+    rows["gpt-oss (MLX layout, harmony template and tokens, sliding window + sinks)"] = (str(standins.build(
+        "gpt_oss", root / "gpt_oss", gptoss,
+        generation_config={"eos_token_id": [harmony["<|return|>"], harmony["<|call|>"]]})), False)
     rows["Gemma 2 (final logit softcap)"] = (str(standins.build("gemma2", root / "gemma2", tiny)), False)
     rows["Gemma 3 (multimodal wrapper)"] = (str(standins.build("gemma3", root / "gemma3", tiny)), False)
     return rows

@@ -16,6 +16,9 @@ DeepSeek's calls block (the text between `<｜tool▁calls▁begin｜>` and its 
 - V3 ("fenced"): `<｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\n{...}\n```<｜tool▁call▁end｜>`;
   the delimiters are single tokens (`marks` names each as the grammar's `<[id]>`), and a block
   holds one call when parallel calls are off.
+gpt-oss (harmony) has no call delimiters: a call is a message, so a forced call holds the whole
+reply (`harmony`): an optional analysis message, then
+`<|channel|>commentary to=functions.N <|constrain|>json<|message|>{...}`, then the end of the turn.
 Other formats get no grammar: their bodies are read by mlx-lm's parsers, whose syntax is theirs.
 
 The output is llguidance's Lark dialect; `close` is how the grammar names the closing token
@@ -67,6 +70,30 @@ def lark(body: str, tools: list[dict], close: str, enforced: Collection[str] = (
     if body == "xml":
         # A value runs to the first "\n</parameter>" (lazy: it cannot hold that text itself).
         rules += ['value[lazy]: VALUE_TEXT "\\n</parameter>"', "VALUE_TEXT: /(.|\\n)*/", "ANY_KEY: /[^>\\s]+/"]
+    return "\n".join(rules) + "\n"
+
+
+def harmony(tools: list[dict], marks: dict[str, str], enforced: Collection[str] = (), only: str | None = None) -> str | None:
+    """The grammar of a whole gpt-oss reply that must call one of `tools` (`only`: that one):
+    `marks` names harmony's tokens (`<|channel|>`, ...) as the grammar's `<[id]>`."""
+    from mtplx.harmony import CHANNEL, CONSTRAIN, END, MESSAGE, START
+
+    chosen = [t for t in tools if function(t).get("name") == only] if only else list(tools)
+    chosen = [t for t in chosen if isinstance(function(t).get("name"), str)]
+    if not chosen or any(marks.get(m) is None for m in (CHANNEL, CONSTRAIN, END, MESSAGE, START)):
+        return None
+    rules = ["start: analysis? call",
+             f"analysis: {marks[CHANNEL]} {_literal('analysis')} {marks[MESSAGE]} THOUGHT {marks[END]} "
+             f"{marks[START]} {_literal('assistant')}",
+             "THOUGHT: /(.|\n)*/",
+             "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
+    for i, tool in enumerate(chosen):
+        name = function(tool)["name"]
+        schema = schema_of(tool) if name in enforced else ANY_OBJECT
+        document = json.dumps(schema | {"x-guidance": JSON_OPTIONS}, ensure_ascii=False)
+        rules += [f"call_{i}: {marks[CHANNEL]} {_literal('commentary to=functions.' + name + ' ')} {marks[CONSTRAIN]} "
+                  f"{_literal('json')} {marks[MESSAGE]} args_{i}",
+                  f"args_{i}: %json {document}"]
     return "\n".join(rules) + "\n"
 
 

@@ -182,3 +182,44 @@ def test_reasoning_effort_reaches_a_template_that_takes_it(gptoss_dir):
             assert bad.status_code == 400 and "output_config.effort" in bad.text
     finally:
         engine.stop()
+
+
+def test_a_forced_call_on_gpt_oss_is_held_to_harmony(gptoss_dir):
+    """tool_choice required or named holds a gpt-oss reply to a grammar of harmony messages: an
+    optional analysis, then a commentary message to the tool with JSON arguments that follow its
+    schema. (A random-weight stand-in would reason forever, so a bias keeps it off the analysis
+    channel; the grammar allows one.)"""
+    from fastapi.testclient import TestClient
+
+    from mtplx.bank.bank import BankConfig
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.server.app import create_app
+
+    tools = TOOLS + [{"type": "function", "function": {"name": "ls", "parameters": {
+        "type": "object", "properties": {"dir": {"type": "string", "enum": ["src", "tests"]}}, "required": ["dir"],
+        "additionalProperties": False}}}]
+    tools[0] = {"type": "function", "function": {**TOOLS[0]["function"], "parameters": {
+        "type": "object", "properties": {"path": {"type": "string", "enum": ["a.py", "b.py"]}}, "required": ["path"],
+        "additionalProperties": False}}}
+    engine = Engine(gptoss_dir, EngineConfig(chunk_size=64), name="gpt-oss", bank=BankConfig()).start()
+    tok = engine.checkpoint.tokenizer
+    bias = {str(tok.encode("analysis", add_special_tokens=False)[0]): -100}
+    chat = [{"role": "user", "content": "Read a.py"}]
+    try:
+        with TestClient(create_app(engine, "gpt-oss")) as client:
+            for choice, names in (({"type": "function", "function": {"name": "ls"}}, {"ls"}),
+                                  ("required", {"read_file", "ls"})):
+                r = client.post("/v1/chat/completions", json={
+                    "messages": chat, "tools": tools, "tool_choice": choice, "max_tokens": 64, "temperature": 0,
+                    "logit_bias": bias})
+                assert r.status_code == 200, r.text
+                message = r.json()["choices"][0]["message"]
+                (call,) = message["tool_calls"]
+                assert call["function"]["name"] in names, message
+                args = json.loads(call["function"]["arguments"])
+                assert args in ({"dir": "src"}, {"dir": "tests"}, {"path": "a.py"}, {"path": "b.py"}), args
+            free = client.post("/v1/chat/completions", json={"messages": chat, "tools": tools, "max_tokens": 8,
+                                                             "temperature": 0, "logit_bias": bias})
+            assert free.status_code == 200 and "tool_calls" not in free.json()["choices"][0]["message"]
+    finally:
+        engine.stop()

@@ -121,15 +121,19 @@ class ToolRules:
 
         self.tokenizer, self.eos_ids = tokenizer, tuple(sorted(eos_ids))
         self.format = tool_format or TAGGED
-        # harmony (gpt-oss) calls open with a header, not one token: nothing to steer (yet)
+        # harmony (gpt-oss) calls open with a header, not one token: a forced call is held by a
+        # grammar over the whole reply instead (call_rule)
         self.open = None if self.format.name == "harmony" else token_id(tokenizer, self.format.start or OPEN_TAG)
         # One call only (parallel calls off) needs a call's end as one token; a format without one
         # runs free of that rule (its calls are still parsed, every one of them).
         self.close = token_id(tokenizer, self.format.end) if self.format.end else None
         from mtplx.tool_formats import DS_CALL, DS_CALL_END, DS_SEP
 
-        # DeepSeek's per-call delimiters, as the grammar names single tokens
-        self.marks = {m: f"<[{i}]>" for m in (DS_CALL, DS_SEP, DS_CALL_END) if (i := token_id(tokenizer, m)) is not None}
+        from mtplx.harmony import MARKUP
+
+        # DeepSeek's per-call delimiters and harmony's markup, as the grammar names single tokens
+        self.marks = {m: f"<[{i}]>" for m in (DS_CALL, DS_SEP, DS_CALL_END, *MARKUP) if (i := token_id(tokenizer, m)) is not None}
+        self.harmony = self.format.name == "harmony"
         think = (token_id(tokenizer, "<think>"), token_id(tokenizer, "</think>"))
         self.think = think if None not in think else None
         self._blank = None
@@ -167,6 +171,10 @@ class ToolRules:
         llguidance cannot take leaves that tool's arguments any JSON object, never a 400: the tool
         was accepted, and its calls still get a declared name."""
         choice = call.tool_choice
+        if self.harmony:  # a forced call is the whole reply (call_grammar.harmony)
+            if call.tools and choice.mode == "required":
+                self._harmony_grammar(call)
+            return
         if not call.tools or self.open is None or self.close is None or choice.mode == "none" or \
                 (choice.mode == "auto" and not call.strict_tools and choice.allowed is None):
             return
@@ -178,6 +186,26 @@ class ToolRules:
             if len(self._grammars) >= 32:
                 self._grammars.pop(next(iter(self._grammars)))
             self._grammars[key] = self._compiled(tools, enforced, choice.name, choice.parallel)
+        call.call_grammar = self._grammars[key]
+
+    def _harmony_grammar(self, call) -> None:
+        from mtplx.engine.output_rule import Grammar, ll_tokenizer
+
+        choice = call.tool_choice
+        tools = [t for t in call.tools if choice.allowed is None or call_grammar.function(t).get("name") in choice.allowed]
+        key = ("harmony", json.dumps(tools, sort_keys=True, default=str), choice.name)
+        if key not in self._grammars:
+            if len(self._grammars) >= 32:
+                self._grammars.pop(next(iter(self._grammars)))
+            tokenizer, grammar = ll_tokenizer(self.tokenizer, self.eos_ids), None
+            for enforced in (tuple(call_grammar.names(tools)), ()):  # schemas first; then any JSON arguments
+                text = call_grammar.harmony(tools, self.marks, enforced, choice.name)
+                try:
+                    grammar = Grammar.from_lark(text, tokenizer, self.eos_ids) if text else None
+                    break
+                except ValueError:
+                    continue
+            self._grammars[key] = grammar
         call.call_grammar = self._grammars[key]
 
     def _compiled(self, tools: list[dict], enforced: tuple[str, ...], only: str | None, parallel: bool = True):
@@ -211,6 +239,10 @@ class ToolRules:
         """The engine rule holding a call's body to `call.call_grammar` (None: none compiled)."""
         if call.call_grammar is None:
             return None
+        if self.harmony:  # the whole reply, from its first token (no reasoning tags to wait for)
+            from mtplx.engine.output_rule import OutputRule
+
+            return OutputRule(call.call_grammar)
         from mtplx.engine.call_rule import CallRule
 
         return CallRule(call.call_grammar, self.open, self.close)
