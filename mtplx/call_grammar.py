@@ -19,6 +19,7 @@ DeepSeek's calls block (the text between `<｜tool▁calls▁begin｜>` and its 
 gpt-oss (harmony) has no call delimiters: a call is a message, so a forced call holds the whole
 reply (`harmony`): an optional analysis message, then
 `<|channel|>commentary to=functions.N <|constrain|>json<|message|>{...}`, then the end of the turn.
+Llama 3.x's call is the reply too (`bare`): `{"name": "N", "parameters": {...}}`.
 Other formats get no grammar: their bodies are read by mlx-lm's parsers, whose syntax is theirs.
 
 The output is llguidance's Lark dialect; `close` is how the grammar names the closing token
@@ -70,6 +71,22 @@ def lark(body: str, tools: list[dict], close: str, enforced: Collection[str] = (
     if body == "xml":
         # A value runs to the first "\n</parameter>" (lazy: it cannot hold that text itself).
         rules += ['value[lazy]: VALUE_TEXT "\\n</parameter>"', "VALUE_TEXT: /(.|\\n)*/", "ANY_KEY: /[^>\\s]+/"]
+    return "\n".join(rules) + "\n"
+
+
+def bare(tools: list[dict], enforced: Collection[str] = (), only: str | None = None) -> str | None:
+    """The grammar of a whole Llama 3.x reply that must call one of `tools` (`only`: that one)."""
+    chosen = [t for t in tools if function(t).get("name") == only] if only else list(tools)
+    chosen = [t for t in chosen if isinstance(function(t).get("name"), str)]
+    if not chosen:
+        return None
+    rules = ["start: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
+    for i, tool in enumerate(chosen):
+        name = function(tool)["name"]
+        schema = schema_of(tool) if name in enforced else ANY_OBJECT
+        document = json.dumps(schema | {"x-guidance": JSON_OPTIONS}, ensure_ascii=False)
+        head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "parameters": '
+        rules += [f'call_{i}: {_literal(head)} args_{i} "}}"', f"args_{i}: %json {document}"]
     return "\n".join(rules) + "\n"
 
 

@@ -46,6 +46,10 @@ class ReplyStream:
         # a dropped leading newline made the whole reply differ from the model's own tokens.
         self.fresh = in_reasoning
         self.held_ws = ""  # trailing whitespace, released only if more text follows in this segment
+        # A format whose call is the reply itself (Llama's bare JSON): until the reply's first
+        # visible character says whether it opens a call ("{"), its leading whitespace waits.
+        self.undecided = self.format.body == "bare" and not in_reasoning
+        self.bare_call = False  # the call being read opened with "{", not with the format's tag
 
     def feed(self, text: str, final: bool = False) -> list[Piece]:
         self.buffer += text
@@ -84,6 +88,14 @@ class ReplyStream:
         if self.mode == "tool_call":
             self.call += text
             return
+        if self.undecided and self.mode == "content":
+            if not text.strip():
+                self.held_ws += text
+                return
+            self.undecided = False
+            if text.lstrip().startswith("{"):  # the reply is a call; it runs to the end of the output
+                self.mode, self.call, self.bare_call, self.held_ws = "tool_call", text.lstrip(), True, ""
+                return
         if self.fresh:
             text = text.lstrip()
             if not text:
@@ -103,7 +115,7 @@ class ReplyStream:
         elif tag == THINK_CLOSE:
             self.mode = "content"
         elif tag == self.open:
-            self.mode, self.call = "tool_call", ""
+            self.mode, self.call, self.undecided = "tool_call", "", False
         elif tag == self.close and self.mode == "tool_call":
             out.extend(self._parse_call(self.call))
             self.mode, self.call = "content", ""
@@ -112,7 +124,7 @@ class ReplyStream:
         try:
             calls = self.format.parse(body, self.tools)
         except Exception:  # any parser failure (json, regex, a delegated parser's own) shows the text
-            return [Piece("content", self.open + body + self.close)]
+            return [Piece("content", body if self.bare_call else self.open + body + self.close)]
         return [Piece("tool_call", name=c.name, arguments=self.format.arguments_json(c)) for c in calls]
 
 

@@ -36,7 +36,7 @@ class ToolFormat:
     end: str  # "" when a call runs to the end of the output
     parse_body: Callable[[str, list | None], list[ToolCall]]
     body: str = ""  # how the template writes a call's body: "json" or "xml" (`<tool_call>`), "plain" or
-    # "fenced" (DeepSeek V3.1 / V3), "" when not known
+    # "fenced" (DeepSeek V3.1 / V3), "bare" (Llama 3.x: the reply is the JSON call), "" when not known
 
     def call_head(self, name: str) -> str | None:
         """The text a call of tool `name` starts with right after the opening tag, up to its
@@ -173,7 +173,27 @@ def _harmony_body(body: str, tools: list | None) -> list[ToolCall]:
 
 # gpt-oss: a call is a message whose header names its recipient; no delimiters (harmony.py reads it)
 HARMONY = ToolFormat("harmony", "", "", _harmony_body)
-FORMATS = {"tool_call": TAGGED, "deepseek": DEEPSEEK, "harmony": HARMONY,
+
+
+def _bare_json_body(body: str, tools: list | None) -> list[ToolCall]:
+    """Llama 3.x's calls: a reply that is a JSON object {"name", "parameters"} (or "arguments"),
+    or several separated by ";", after an optional `<|python_tag|>`."""
+    decoder, text, at, calls = json.JSONDecoder(), body.strip(), 0, []
+    while at < len(text):
+        call, at = decoder.raw_decode(text, at)
+        args = call.get("parameters", call.get("arguments")) if isinstance(call, dict) else None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(args, dict):
+            raise ValueError("a Llama call is a JSON object with a string 'name' and object 'parameters'")
+        calls.append(ToolCall(call["name"], args))
+        while at < len(text) and text[at] in " \t\r\n;":
+            at += 1
+    return calls
+
+
+# Llama 3.1 / 3.2 / 3.3: a reply that opens with "{" is a call (reply_stream.py holds it to the end);
+# `<|python_tag|>` opens one too (the built-in tools' form).
+LLAMA_JSON = ToolFormat("llama3_json", "<|python_tag|>", "", _bare_json_body, "bare")
+FORMATS = {"tool_call": TAGGED, "deepseek": DEEPSEEK, "harmony": HARMONY, "llama3_json": LLAMA_JSON,
            **{name: ToolFormat(name, s, e, _delegated(name)) for name, (s, e) in _OTHERS.items()}}
 # mlx-lm names the `<tool_call>` bodies separately; they are one format here (any body parses),
 # remembering which body the template writes.
@@ -201,7 +221,7 @@ def detect(tokenizer) -> ToolFormat | None:
     parser = getattr(tokenizer, "tool_parser", None)
     module = getattr(parser, "__module__", "") or ""
     if not module.startswith("mlx_lm.tool_parsers."):
-        return deepseek_format(tokenizer) or (HARMONY if _is_harmony(tokenizer) else None)
+        return deepseek_format(tokenizer) or (HARMONY if _is_harmony(tokenizer) else None) or llama_format(tokenizer)
     try:
         return by_name(module.rsplit(".", 1)[1])
     except ValueError:
@@ -224,6 +244,15 @@ def format_of(tokenizer) -> ToolFormat:
     except TypeError:
         pass
     return fmt
+
+
+def llama_format(tokenizer) -> ToolFormat | None:
+    """Llama 3.1's calls, named by its template: the JSON form it asks for, or its python tag."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    if "<|python_tag|>" in template or "dictionary of argument name and its value" in template:
+        return LLAMA_JSON
+    return None
 
 
 def _is_harmony(tokenizer) -> bool:

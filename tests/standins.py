@@ -263,11 +263,15 @@ FAMILY_TOKENS = {
                        "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
                        "<｜tool▁output▁end｜>", "<｜tool▁sep｜>", "<think>", "</think>"),
                       "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    # tests/fixtures/llama3_1_style.jinja: Llama 3's tokens and the two 3.1 added for tool calls
+    "llama3_1": (("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                  "<|python_tag|>", "<|eom_id|>"), "<|begin_of_text|>", "<|eot_id|>"),
     # tests/fixtures/harmony_style.jinja: gpt-oss's harmony markup (all special, as in its vocabulary)
     "gptoss": (("<|startoftext|>", "<|return|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>",
                 "<|constrain|>"), "<|startoftext|>", "<|return|>"),
 }
-TEMPLATES = {"deepseek_v3_1": "deepseek_v3_1_style.jinja", "gptoss": "harmony_style.jinja"}
+TEMPLATES = {"deepseek_v3_1": "deepseek_v3_1_style.jinja", "gptoss": "harmony_style.jinja",
+             "llama3_1": "llama3_1_style.jinja"}
 # Special (dropped from decoded text) only where the real tokenizer marks them so: DeepSeek's role,
 # call and think tokens are plain added tokens there, so replies show them and calls parse.
 SPECIAL = {"deepseek_v3_1": {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}}

@@ -121,19 +121,20 @@ class ToolRules:
 
         self.tokenizer, self.eos_ids = tokenizer, tuple(sorted(eos_ids))
         self.format = tool_format or TAGGED
-        # harmony (gpt-oss) calls open with a header, not one token: a forced call is held by a
-        # grammar over the whole reply instead (call_rule)
-        self.open = None if self.format.name == "harmony" else token_id(tokenizer, self.format.start or OPEN_TAG)
+        self.open = token_id(tokenizer, self.format.start or OPEN_TAG)
         # One call only (parallel calls off) needs a call's end as one token; a format without one
         # runs free of that rule (its calls are still parsed, every one of them).
         self.close = token_id(tokenizer, self.format.end) if self.format.end else None
-        from mtplx.tool_formats import DS_CALL, DS_CALL_END, DS_SEP
-
         from mtplx.harmony import MARKUP
+        from mtplx.tool_formats import DS_CALL, DS_CALL_END, DS_SEP
 
         # DeepSeek's per-call delimiters and harmony's markup, as the grammar names single tokens
         self.marks = {m: f"<[{i}]>" for m in (DS_CALL, DS_SEP, DS_CALL_END, *MARKUP) if (i := token_id(tokenizer, m)) is not None}
-        self.harmony = self.format.name == "harmony"
+        # formats whose call is a whole message or the whole reply (gpt-oss, Llama 3.x): a forced
+        # call holds the reply to a grammar from its first token (call_rule), with no token to steer
+        self.whole = self.format.name == "harmony" or self.format.body == "bare"
+        if self.whole:
+            self.open = self.close = None
         think = (token_id(tokenizer, "<think>"), token_id(tokenizer, "</think>"))
         self.think = think if None not in think else None
         self._blank = None
@@ -171,9 +172,9 @@ class ToolRules:
         llguidance cannot take leaves that tool's arguments any JSON object, never a 400: the tool
         was accepted, and its calls still get a declared name."""
         choice = call.tool_choice
-        if self.harmony:  # a forced call is the whole reply (call_grammar.harmony)
+        if self.whole:  # a forced call is the whole reply (call_grammar.harmony / bare)
             if call.tools and choice.mode == "required":
-                self._harmony_grammar(call)
+                self._whole_reply_grammar(call)
             return
         if not call.tools or self.open is None or self.close is None or choice.mode == "none" or \
                 (choice.mode == "auto" and not call.strict_tools and choice.allowed is None):
@@ -188,18 +189,19 @@ class ToolRules:
             self._grammars[key] = self._compiled(tools, enforced, choice.name, choice.parallel)
         call.call_grammar = self._grammars[key]
 
-    def _harmony_grammar(self, call) -> None:
+    def _whole_reply_grammar(self, call) -> None:
         from mtplx.engine.output_rule import Grammar, ll_tokenizer
 
         choice = call.tool_choice
         tools = [t for t in call.tools if choice.allowed is None or call_grammar.function(t).get("name") in choice.allowed]
-        key = ("harmony", json.dumps(tools, sort_keys=True, default=str), choice.name)
+        key = (self.format.name, json.dumps(tools, sort_keys=True, default=str), choice.name)
         if key not in self._grammars:
             if len(self._grammars) >= 32:
                 self._grammars.pop(next(iter(self._grammars)))
             tokenizer, grammar = ll_tokenizer(self.tokenizer, self.eos_ids), None
             for enforced in (tuple(call_grammar.names(tools)), ()):  # schemas first; then any JSON arguments
-                text = call_grammar.harmony(tools, self.marks, enforced, choice.name)
+                text = (call_grammar.harmony(tools, self.marks, enforced, choice.name) if self.format.name == "harmony"
+                        else call_grammar.bare(tools, enforced, choice.name))
                 try:
                     grammar = Grammar.from_lark(text, tokenizer, self.eos_ids) if text else None
                     break
@@ -239,7 +241,7 @@ class ToolRules:
         """The engine rule holding a call's body to `call.call_grammar` (None: none compiled)."""
         if call.call_grammar is None:
             return None
-        if self.harmony:  # the whole reply, from its first token (no reasoning tags to wait for)
+        if self.whole:  # the whole reply, from its first token
             from mtplx.engine.output_rule import OutputRule
 
             return OutputRule(call.call_grammar)
