@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from mtplx.tool_formats import template_iterates_arguments, template_reads_thinking
+from mtplx.tool_formats import template_iterates_arguments, template_reads_thinking, template_reads_thinking_switch
 
 @dataclass(frozen=True)
 class Boundary:
@@ -27,12 +27,16 @@ class Boundary:
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
            add_generation_prompt: bool = True, enable_thinking: bool | None = None,
-           reasoning_effort: str | None = None) -> list[int]:
-    """`reasoning_effort`: low / medium / high for templates that take it (gpt-oss's
-    `Reasoning:` line); others ignore it."""
-    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    if reasoning_effort is not None:
-        kwargs["reasoning_effort"] = reasoning_effort
+           template_kwargs: dict | None = None) -> list[int]:
+    """`template_kwargs`: further variables for the template (a request's `chat_template_kwargs`,
+    a reasoning effort as `reasoning_effort`: gpt-oss's `Reasoning:` line); a template ignores
+    the ones it does not read. `enable_thinking` also reaches a template that reads a plain
+    `thinking` switch (DeepSeek V3.1's) unless the request set that one itself."""
+    kwargs = dict(template_kwargs or {})
+    if enable_thinking is not None:
+        kwargs["enable_thinking"] = enable_thinking
+        if "thinking" not in kwargs and template_reads_thinking_switch(getattr(tokenizer, "chat_template", None)):
+            kwargs["thinking"] = enable_thinking
     from mtplx.reply_ids import ReplyIds, encode_spliced
     from mtplx.tool_prompt import described
 
@@ -58,7 +62,7 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
 
 def chat_request(tokenizer, messages: list[dict], tools: list[dict] | None = None, *, sampling=None,
                  enable_thinking: bool | None = None, prompt: list[int] | None = None, prefill: str | None = None,
-                 reasoning_effort: str | None = None, **fields):
+                 template_kwargs: dict | None = None, **fields):
     """The one way chat input becomes a GenerationRequest (server routes, TUI chat and replay, CLI
     generate, agents in tests and benches): the prompt rendered with the template (or `prompt`,
     when the caller rendered it already, e.g. through the server's encode cache) and the chat kept
@@ -69,11 +73,11 @@ def chat_request(tokenizer, messages: list[dict], tools: list[dict] | None = Non
     from mtplx.engine.sampling import SamplingParams
 
     if prompt is None:
-        prompt = render(tokenizer, messages, tools, enable_thinking=enable_thinking, reasoning_effort=reasoning_effort)
+        prompt = render(tokenizer, messages, tools, enable_thinking=enable_thinking, template_kwargs=template_kwargs)
         prompt = with_prefill(tokenizer, prompt, prefill)
     chat = {"messages": list(messages), "tools": tools, "enable_thinking": enable_thinking}
-    if reasoning_effort is not None:  # the bank's re-renderings (render-ahead) use the same options
-        chat["reasoning_effort"] = reasoning_effort
+    if template_kwargs:  # the bank's re-renderings (render-ahead) use the same variables
+        chat["template_kwargs"] = dict(template_kwargs)
     if prefill is not None:
         chat["prefill"] = prefill
     return GenerationRequest(tuple(prompt), sampling or SamplingParams(), chat=chat, **fields)

@@ -285,6 +285,13 @@ def template_iterates_arguments(template: str | None) -> bool:
     return bool(re.search(r"arguments\s*\|\s*tojson", template)) and not re.search(r"arguments\s+is\s+string", template)
 
 
+def template_reads_thinking_switch(template: str | None) -> bool:
+    """Whether a chat template turns reasoning on with a plain `thinking` variable (DeepSeek V3.1:
+    `{% if thinking %}<think>...`) rather than `enable_thinking`."""
+    return bool(template) and "enable_thinking" not in template and \
+        bool(re.search(r"(?<![\w.'\"\[])thinking\s+is\s+defined|\{%-?\s*if\s+(not\s+)?thinking\b", template))
+
+
 def template_reads_thinking(template: str | None) -> bool:
     """Whether a chat template takes an assistant turn's reasoning as `thinking` (gpt-oss) rather
     than `reasoning_content`: reasoning sent back under the OpenAI name is then renamed for it."""

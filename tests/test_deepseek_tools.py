@@ -217,3 +217,23 @@ def test_models_names_the_call_format_and_who_describes_the_tools(deepseek_engin
     assert "calls: deepseek (tools described by mtplx)" in out
     embedded = describe(Path(__file__).resolve().parents[1] / "mtplx" / "assets" / "models" / "tiny-dense")["template"]
     assert embedded["calls"] == "<tool_call>" and embedded["tools"]
+
+
+def test_thinking_reaches_deepseeks_own_switch(tmp_path):
+    """DeepSeek V3.1's template turns reasoning on with a plain `thinking` variable, not
+    `enable_thinking`: a request's thinking switch reaches it (the generation prompt opens
+    `<think>`), and `chat_template_kwargs.thinking` names it directly."""
+    from transformers import AutoTokenizer
+
+    from mtplx.chat import render
+    from mtplx.tool_formats import template_reads_thinking_switch
+
+    tok = AutoTokenizer.from_pretrained(str(standins.family_tokenizer("deepseek_v3_1", tmp_path / "v31")))
+    chat = [{"role": "user", "content": "hi"}]
+    assert template_reads_thinking_switch(tok.chat_template)
+    assert tok.decode(render(tok, chat)).endswith("<｜Assistant｜></think>")
+    assert tok.decode(render(tok, chat, enable_thinking=True)).endswith("<｜Assistant｜><think>")
+    assert tok.decode(render(tok, chat, enable_thinking=True, template_kwargs={"thinking": False})).endswith("</think>")
+    assert tok.decode(render(tok, chat, template_kwargs={"thinking": True})).endswith("<think>")
+    qwen = (Path(__file__).resolve().parents[1] / "mtplx" / "assets" / "models" / "tiny-dense" / "tokenizer_config.json")
+    assert not template_reads_thinking_switch(json.loads(qwen.read_text())["chat_template"])

@@ -161,7 +161,7 @@ def test_reasoning_effort_reaches_a_template_that_takes_it(gptoss_dir):
     engine = Engine(gptoss_dir, EngineConfig(chunk_size=64), name="gpt-oss", bank=BankConfig()).start()
     tok = engine.checkpoint.tokenizer
     chat = [{"role": "user", "content": "hi"}]
-    assert "Reasoning: high" in tok.decode(render(tok, chat, reasoning_effort="high"))
+    assert "Reasoning: high" in tok.decode(render(tok, chat, template_kwargs={"reasoning_effort": "high"}))
     assert "Reasoning: medium" in tok.decode(render(tok, chat))
     queued: list = []
     engine.listeners.append(lambda e: queued.append(e.request) if isinstance(e, Queued) else None)
@@ -176,10 +176,17 @@ def test_reasoning_effort_reaches_a_template_that_takes_it(gptoss_dir):
                 r = client.post(route, json={"model": "gpt-oss", **body})
                 assert r.status_code == 200, r.text
                 assert "Reasoning: low\n" in tok.decode(list(queued[-1].prompt)), route
-                assert queued[-1].chat["reasoning_effort"] == "low"  # render-ahead renders the next turn alike
+                # render-ahead renders the next turn with the same variables
+                assert queued[-1].chat["template_kwargs"] == {"reasoning_effort": "low"}
             bad = client.post("/v1/messages", json={"model": "gpt-oss", "messages": chat, "max_tokens": 4,
                                                     "output_config": {"effort": 3}})
             assert bad.status_code == 400 and "output_config.effort" in bad.text
+            # chat_template_kwargs reach the template whole (vLLM's extension), and name the level themselves
+            tokens = client.post("/tokenize", json={"messages": chat, "reasoning_effort": "low",
+                                                    "chat_template_kwargs": {"reasoning_effort": "high"}}).json()["tokens"]
+            assert "Reasoning: high\n" in tok.decode(tokens)
+            bad = client.post("/v1/chat/completions", json={"messages": chat, "chat_template_kwargs": {"tokenize": False}})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs.tokenize"
     finally:
         engine.stop()
 

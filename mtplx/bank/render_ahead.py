@@ -21,7 +21,7 @@ _PROBE_A, _PROBE_B = "\u2063a", "\u2063b"  # two contents that differ only past 
 def variants(tokenizer, chat: dict, reply: dict, markers: Markers | None = None) -> list[list[int]]:
     """`reply`: the assistant message the engine split the reply into (Finished.reply)."""
     base = list(chat["messages"]) + [reply]
-    tools, thinking, effort = chat.get("tools"), chat.get("enable_thinking"), chat.get("reasoning_effort")
+    tools, thinking, variables = chat.get("tools"), chat.get("enable_thinking"), chat.get("template_kwargs")
     markers = markers or Markers.from_tokenizer(tokenizer)
     if markers.turn_start is None and not markers.roles:
         return []
@@ -30,9 +30,9 @@ def variants(tokenizer, chat: dict, reply: dict, markers: Markers | None = None)
     for role in ("tool", "user") if reply.get("tool_calls") else ("user", "tool"):
         try:
             a = render(tokenizer, base + [{"role": role, "content": _PROBE_A}], tools, add_generation_prompt=False,
-                       enable_thinking=thinking, reasoning_effort=effort)
+                       enable_thinking=thinking, template_kwargs=variables)
             b = render(tokenizer, base + [{"role": role, "content": _PROBE_B}], tools, add_generation_prompt=False,
-                       enable_thinking=thinking, reasoning_effort=effort)
+                       enable_thinking=thinking, template_kwargs=variables)
         except Exception:  # a template without this follow-up (Gemma has no tool turn): it cannot come
             continue
         cut = common_prefix(a, b)

@@ -12,7 +12,7 @@ from mtplx.server import anthropic_tools, compaction, output_format, prefill
 from mtplx.server.api_error import bad_request
 from mtplx.server.media import ANTHROPIC_ATTACHMENTS, attached
 from mtplx.server.openai_request import (ChatCall, _check_text, check_schema, effort_level, sampling_from, stream_flag,
-                                         strict_names)
+                                         strict_names, template_variables)
 from mtplx.server.signature import Signer
 from mtplx.server.tool_args import canonical
 from mtplx.server.tool_choice import ToolChoice, from_anthropic
@@ -193,7 +193,7 @@ def parse_messages_call(body: dict, defaults: SamplingParams, limit: int, requir
                     thinking, choice,
                     output_format.from_anthropic(body.get("output_config")), prefill=start,
                     reasoning_budget=budget_of(body.get("thinking")), strict_tools=strict_names(body.get("tools")),
-                    reasoning_effort=_effort(body.get("output_config")))
+                    template_kwargs=template_variables({}, _effort(body.get("output_config"))))
 
 
 def _effort(config) -> str | None:

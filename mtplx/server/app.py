@@ -416,7 +416,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             else:
                 tokens = await asyncio.to_thread(lambda: render(tokenizer, call.messages, call.tools,
                                                                 add_generation_prompt=False, enable_thinking=call.enable_thinking,
-                                                                reasoning_effort=call.reasoning_effort))
+                                                                template_kwargs=call.template_kwargs))
         return tokenizer_api.answer(tokens, tokenizer, limit(), body)
 
     @app.post("/detokenize")

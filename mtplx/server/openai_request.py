@@ -43,7 +43,7 @@ class ChatCall:
     call_grammar: object = None  # a tool call's body held to the tools (ToolRules.compile), when encoded
     prompt_logprobs: int | None = None  # a text completion's echo + logprobs: the prompt scored too
     prefill_only: bool = False  # compute the prompt, generate nothing (a prewarm; completions' max_tokens 0)
-    reasoning_effort: str | None = None  # low / medium / high, for templates that take it (effort_level)
+    template_kwargs: dict | None = None  # further template variables (chat_template_kwargs, a reasoning effort)
 
 
 def _reject_constant(name: str):
@@ -130,6 +130,27 @@ def effort_level(effort) -> str | None:
         return None
     return {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
             "xhigh": "high"}.get(effort)
+
+
+# apply_chat_template's own parameters: the server sets these, a request's template variables cannot
+_RESERVED = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                       "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+                       "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+def template_variables(kwargs: dict, effort: str | None = None) -> dict | None:
+    """`chat_template_kwargs` as the template's variables (vLLM's extension: DeepSeek V3.1's
+    `thinking`, gpt-oss's `reasoning_effort`, a template's own switches), with a request's
+    reasoning effort as `reasoning_effort` unless the kwargs name one; None when there are none.
+    `enable_thinking` travels on its own (ChatCall.enable_thinking)."""
+    reserved = sorted(k for k in kwargs if k in _RESERVED)
+    if reserved:
+        raise bad_request(f"chat_template_kwargs.{reserved[0]} is the server's to set, not a template variable",
+                          f"chat_template_kwargs.{reserved[0]}")
+    out = {k: v for k, v in kwargs.items() if k != "enable_thinking"}
+    if effort is not None:
+        out.setdefault("reasoning_effort", effort)
+    return out or None
 
 
 def parse_messages(raw) -> list[dict]:
@@ -340,7 +361,7 @@ def parse_chat(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> C
                     from_openai(body.get("tool_choice"), tools, body.get("parallel_tool_calls")),
                     output_format.from_openai(body.get("response_format")), prefill=start,
                     prediction=_prediction(body.get("prediction")), strict_tools=strict_names(body.get("tools")),
-                    n=choices(body), reasoning_effort=effort_level(body.get("reasoning_effort")))
+                    n=choices(body), template_kwargs=template_variables(kwargs, effort_level(body.get("reasoning_effort"))))
 
 
 def _prediction(value) -> str | None:

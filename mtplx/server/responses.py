@@ -23,7 +23,7 @@ from mtplx.server.api_error import bad_request
 from mtplx.server.context import check_max_tokens
 from mtplx.server.media import OPENAI_MEDIA, placeholder
 from mtplx.server.openai_request import (ChatCall, _check_text, check_schema, effort_level, flag, sampling_from,
-                                         stream_flag, strict_names, thinking_for_effort)
+                                         stream_flag, strict_names, template_variables, thinking_for_effort)
 from mtplx.server.openai_response import token_logprobs
 from mtplx.server.response_store import ResponseStore
 from mtplx.server.signature import Signer
@@ -181,7 +181,7 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
                     from_openai(_choice_shown(body.get("tool_choice"), names), tools, body.get("parallel_tool_calls")), schema,
                     strict_tools=strict_names(body.get("tools")) + strict_shown(body.get("tools"), names),
                     prefill_only=cache_options(body).get("prewarm") is True,
-                    reasoning_effort=effort_level(reasoning.get("effort")))
+                    template_kwargs=template_variables({}, effort_level(reasoning.get("effort"))))
 
 
 def cache_options(body: dict) -> dict:

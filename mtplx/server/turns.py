@@ -92,14 +92,14 @@ def _render(engine, call: ChatCall) -> tuple[list[int], dict]:
     try:
         try:
             tokens = render(engine.checkpoint.tokenizer, call.messages, call.tools, enable_thinking=call.enable_thinking,
-                            reasoning_effort=call.reasoning_effort)
+                            template_kwargs=call.template_kwargs)
         except Exception:
             folded = fold_system(call.messages)
             if folded == call.messages:
                 raise
             # Templates that allow a system turn only first (Qwen3's): a later one becomes a user turn.
             tokens = render(engine.checkpoint.tokenizer, folded, call.tools, enable_thinking=call.enable_thinking,
-                            reasoning_effort=call.reasoning_effort)
+                            template_kwargs=call.template_kwargs)
             call.messages[:] = folded
             return tokens, {"messages": folded}
     except Exception as exc:  # a template error is the request's fault (e.g. roles out of order)
@@ -144,7 +144,7 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
         if call.messages:
             request = chat_request(engine.checkpoint.tokenizer, call.messages, call.tools, sampling=budget.sampling,
                                    enable_thinking=call.enable_thinking, prompt=prompt, prefill=call.prefill,
-                                   reasoning_effort=call.reasoning_effort,
+                                   template_kwargs=call.template_kwargs,
                                    session=session, source=source,
                                    tool_rule=rule, output_rule=output_rule, reasoning_rule=reasoning_rule, raw=text,
                                    call_rule=rules.call_rule(call) if rules else None,
