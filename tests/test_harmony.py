@@ -230,3 +230,43 @@ def test_a_forced_call_on_gpt_oss_is_held_to_harmony(gptoss_dir):
             assert free.status_code == 200 and "tool_calls" not in free.json()["choices"][0]["message"]
     finally:
         engine.stop()
+
+
+def test_a_forced_call_with_an_output_schema_and_logprobs_is_served(gptoss_dir):
+    """Found by a probe that mutates every field of valid requests: on gpt-oss a forced call and a
+    JSON output schema were both applied to the whole reply, no token satisfied both, and the
+    answer was a 500 (a log-probability of -inf is not JSON). The forced call is the reply, as
+    "required" is elsewhere; and a template's error on /tokenize without a generation prompt is
+    the request's 400."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.bank.bank import BankConfig
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.server.app import create_app
+
+    engine = Engine(gptoss_dir, EngineConfig(chunk_size=64), name="gpt-oss", bank=BankConfig()).start()
+    tool = {"type": "function", "name": "get", "strict": True, "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "enum": ["x", "y"]}}, "required": ["q"],
+        "additionalProperties": False}}
+    try:
+        with TestClient(create_app(engine, "gpt-oss")) as client:
+            r = client.post("/v1/responses", json={
+                "model": "m", "input": "hi", "tools": [tool], "tool_choice": {"type": "function", "name": "get"},
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+                "include": ["message.output_text.logprobs"], "top_logprobs": 2, "max_output_tokens": 48,
+                "temperature": 0, "reasoning": {"effort": "low"}})
+            assert r.status_code == 200, r.text
+            r = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False,
+                                               "tools": [{"type": "function", "function": {"name": "f", "description": 5}}]})
+            assert r.status_code == 400 and "chat template" in r.json()["error"]["message"], r.text
+    finally:
+        engine.stop()
+
+
+def test_a_position_with_no_finite_log_probability_reads_as_openais_floor():
+    import mlx.core as mx
+
+    from mtplx.engine.logprobs import of
+
+    entry = of(mx.full((8,), -mx.inf), 3, 2, type("T", (), {"decode": lambda self, ids: "x"})())
+    assert entry.logprob == -9999.0 and entry.top == ()

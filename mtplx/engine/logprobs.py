@@ -8,6 +8,8 @@ listed). The texts are decoded here, on the engine thread, so the server only ma
 
 from __future__ import annotations
 
+import math
+
 from mtplx.events import TokenLogprob
 
 
@@ -37,7 +39,9 @@ def of_positions(logits, tokens: list[int], n: int, tokenizer) -> list[TokenLogp
         best_lp = mx.take_along_axis(best_lp, order, axis=-1).tolist()
     else:
         best_ids = best_lp = [[] for _ in tokens]
-    return [TokenLogprob(token, _text(tokenizer, token), lp,
+    # A position where every token was masked (no rule leaves none; a defence) has no finite
+    # log-probability: reported as OpenAI reports a negligible one, never as a value JSON lacks.
+    return [TokenLogprob(token, _text(tokenizer, token), lp if math.isfinite(lp) else -9999.0,
                          tuple((i, _text(tokenizer, i), v) for i, v in zip(ids, lps) if v > float("-inf")))
             for token, lp, ids, lps in zip(tokens, chosen.tolist(), best_ids, best_lp)]
 

@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from mtplx.bank.watch import BankWatch
-from mtplx.chat import render
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
 from mtplx.server import (anthropic_map, cache_diagnostics, completion_prompt, context_edits, cors, openai_response,
@@ -36,7 +35,8 @@ from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
 from mtplx.server.openai_request import ChatCall, choices, parse_chat, parse_json, sampling_from, stream_flag
-from mtplx.server.turns import Choices, budget_headers, encode, encoded, events, session_from, submit, submit_choices
+from mtplx.server.turns import (Choices, budget_headers, encode, encoded, events, render_call, session_from, submit,
+                                submit_choices)
 
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
 
@@ -414,9 +414,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             if body.get("add_generation_prompt", True) is not False:  # the prompt the chat route would run
                 tokens = await encoded(engine, cache, call, "tokenize", raw)
             else:
-                tokens = await asyncio.to_thread(lambda: render(tokenizer, call.messages, call.tools,
-                                                                add_generation_prompt=False, enable_thinking=call.enable_thinking,
-                                                                template_kwargs=call.template_kwargs))
+                tokens, _ = await asyncio.to_thread(render_call, engine, call, False)
         return tokenizer_api.answer(tokens, tokenizer, limit(), body)
 
     @app.post("/detokenize")

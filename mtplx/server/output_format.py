@@ -91,6 +91,8 @@ def rule_for(call, rules, tokenizer, starts_in_reasoning: bool):
         return None
     if call.grammar is None:  # a route that skipped compile_call: never drop the schema silently
         raise RuntimeError("a structured-output call reached submit without its compiled schema")
+    if rules is not None and rules.whole and call.call_grammar is not None:
+        return None  # a forced call is the whole reply there (gpt-oss, Llama): no room for a document, as with "required"
     from mtplx.engine.output_rule import OutputRule
 
     may_call = bool(call.tools) and call.tool_choice.mode != "none" and rules is not None

@@ -81,25 +81,26 @@ def encode(engine, cache: EncodeCache, call: ChatCall, route: str, raw: bytes, r
         if "messages" in hit[1]:  # folded on the miss: the bank must see what was rendered
             call.messages[:] = hit[1]["messages"]
         return hit[0]
-    tokens, extra = _render(engine, call)
+    tokens, extra = render_call(engine, call)
     tokens = with_prefill(engine.checkpoint.tokenizer, tokens, call.prefill)
     cache.put(key, tokens, extra)
     return tokens
 
 
-def _render(engine, call: ChatCall) -> tuple[list[int], dict]:
-    """The call's messages as tokens, and what the encode cache must remember beside them."""
+def render_call(engine, call: ChatCall, add_generation_prompt: bool = True) -> tuple[list[int], dict]:
+    """The call's messages as tokens, and what the encode cache must remember beside them; a
+    template's error is the request's 400."""
     try:
         try:
             tokens = render(engine.checkpoint.tokenizer, call.messages, call.tools, enable_thinking=call.enable_thinking,
-                            template_kwargs=call.template_kwargs)
+                            template_kwargs=call.template_kwargs, add_generation_prompt=add_generation_prompt)
         except Exception:
             folded = fold_system(call.messages)
             if folded == call.messages:
                 raise
             # Templates that allow a system turn only first (Qwen3's): a later one becomes a user turn.
             tokens = render(engine.checkpoint.tokenizer, folded, call.tools, enable_thinking=call.enable_thinking,
-                            template_kwargs=call.template_kwargs)
+                            template_kwargs=call.template_kwargs, add_generation_prompt=add_generation_prompt)
             call.messages[:] = folded
             return tokens, {"messages": folded}
     except Exception as exc:  # a template error is the request's fault (e.g. roles out of order)
