@@ -37,6 +37,9 @@ class ToolFormat:
     parse_body: Callable[[str, list | None], list[ToolCall]]
     body: str = ""  # how the template writes a call's body: "json" or "xml" (`<tool_call>`), "plain" or
     # "fenced" (DeepSeek V3.1 / V3), "bare" (Llama 3.x: the reply is the JSON call), "" when not known
+    # Tokens inside a call its parser reads, kept in the reply's text even where the tokenizer marks
+    # them special (engine/text_stream.py): Mistral's [ARGS], Kimi's per-call tags, harmony's headers.
+    markup: tuple[str, ...] = ()
 
     def call_head(self, name: str) -> str | None:
         """The text a call of tool `name` starts with right after the opening tag, up to its
@@ -164,7 +167,7 @@ _OTHERS = {
     "minicpm5": ("<function name=", "</function>"),
     "muse_spark": ("<atem:function_calls>", "</atem:function_calls>"),
 }
-DEEPSEEK = ToolFormat("deepseek", DS_CALLS, DS_CALLS_END, _deepseek_body, "plain")
+DEEPSEEK = ToolFormat("deepseek", DS_CALLS, DS_CALLS_END, _deepseek_body, "plain", (DS_CALL, DS_SEP, DS_CALL_END))
 
 
 def _harmony_body(body: str, tools: list | None) -> list[ToolCall]:
@@ -172,7 +175,8 @@ def _harmony_body(body: str, tools: list | None) -> list[ToolCall]:
 
 
 # gpt-oss: a call is a message whose header names its recipient; no delimiters (harmony.py reads it)
-HARMONY = ToolFormat("harmony", "", "", _harmony_body)
+HARMONY = ToolFormat("harmony", "", "", _harmony_body,
+                     markup=("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"))
 
 
 def _bare_json_body(body: str, tools: list | None) -> list[ToolCall]:
@@ -193,8 +197,11 @@ def _bare_json_body(body: str, tools: list | None) -> list[ToolCall]:
 # Llama 3.1 / 3.2 / 3.3: a reply that opens with "{" is a call (reply_stream.py holds it to the end);
 # `<|python_tag|>` opens one too (the built-in tools' form).
 LLAMA_JSON = ToolFormat("llama3_json", "<|python_tag|>", "", _bare_json_body, "bare")
+# what the delegated parsers read inside a call besides its delimiters
+_INNER = {"mistral": ("[ARGS]",), "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>"),
+          "function_gemma": ("<escape>",)}
 FORMATS = {"tool_call": TAGGED, "deepseek": DEEPSEEK, "harmony": HARMONY, "llama3_json": LLAMA_JSON,
-           **{name: ToolFormat(name, s, e, _delegated(name)) for name, (s, e) in _OTHERS.items()}}
+           **{name: ToolFormat(name, s, e, _delegated(name), markup=_INNER.get(name, ())) for name, (s, e) in _OTHERS.items()}}
 # mlx-lm names the `<tool_call>` bodies separately; they are one format here (any body parses),
 # remembering which body the template writes.
 _FAMILY = {"json_tools": "json", "qwen3_coder": "xml", "glm47": "glm", "laguna": "glm"}
@@ -210,7 +217,7 @@ def by_name(name: str) -> ToolFormat:
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
         fmt = FORMATS[name]
         if (module.tool_call_start, module.tool_call_end) != (fmt.start, fmt.end):
-            return ToolFormat(name, module.tool_call_start, module.tool_call_end, fmt.parse_body)
+            return ToolFormat(name, module.tool_call_start, module.tool_call_end, fmt.parse_body, markup=fmt.markup)
     return FORMATS[name]
 
 

@@ -231,19 +231,28 @@ def test_a_call_delimiter_the_tokenizer_marks_special_stays_in_the_reply_text(tm
 
     data = json.loads((standins.TINY.parent / "tiny-dense" / "tokenizer.json").read_text())
     new_id = max(list(data["model"]["vocab"].values()) + [t["id"] for t in data["added_tokens"]]) + 1
-    data["added_tokens"].append({"id": new_id, "content": "[TOOL_CALLS]", "single_word": False, "lstrip": False,
-                                 "rstrip": False, "normalized": False, "special": True})
+    for i, content in enumerate(("[TOOL_CALLS]", "[ARGS]")):  # both control tokens in Mistral's tokenizers
+        data["added_tokens"].append({"id": new_id + i, "content": content, "single_word": False, "lstrip": False,
+                                     "rstrip": False, "normalized": False, "special": True})
     (tmp_path / "tokenizer.json").write_text(json.dumps(data))
     config = json.loads((standins.TINY.parent / "tiny-dense" / "tokenizer_config.json").read_text())
     config.pop("added_tokens_decoder", None)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
-    ids = tok.encode('Sure.[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]<|im_end|>',
-                     add_special_tokens=False)
-    assert new_id in ids and tok.decode(ids, skip_special_tokens=True).startswith("Sure.[{")  # what was lost
     fmt = by_name("mistral")
-    stream = TextStream(tok, call_tags=(fmt.start, fmt.end))
-    text = "".join(stream.add(i) for i in ids)
-    assert text == 'Sure.[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]'  # <|im_end|> still dropped
-    pieces = ReplyStream(False, fmt).feed(text, final=True)
-    assert [(p.kind, p.name) for p in pieces] == [("content", None), ("tool_call", "read_file")]
+    for reply in ('Sure.[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]',
+                  'Sure.[TOOL_CALLS]read_file[ARGS]{"path": "a.py"}'):  # the older form, and Devstral's
+        ids = tok.encode(reply + "<|im_end|>", add_special_tokens=False)
+        assert new_id in ids and "[TOOL_CALLS]" not in tok.decode(ids, skip_special_tokens=True)  # what was lost
+        stream = TextStream(tok, call_tags=(fmt.start, fmt.end), markup=fmt.markup)
+        text = "".join(stream.add(i) for i in ids)
+        assert text == reply  # <|im_end|> still dropped
+        pieces = ReplyStream(False, fmt).feed(text, final=True)
+        assert [(p.kind, p.name) for p in pieces] == [("content", None), ("tool_call", "read_file")], pieces
+
+
+def test_harmonys_markup_is_the_formats_own():
+    from mtplx.harmony import MARKUP
+    from mtplx.tool_formats import HARMONY
+
+    assert HARMONY.markup == MARKUP and by_name("mistral").markup == ("[ARGS]",)

@@ -75,12 +75,12 @@ class Generation:
         # The reply is split once, here (reasoning, content, tool calls in the model's format, typed by
         # the request's tool schemas): events carry the pieces, no consumer parses the text again.
         if call_format.name == "harmony":  # gpt-oss: channels and recipients in message headers
-            self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags, harmony.MARKUP,
+            self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags, call_format.markup,
                                      lambda text: harmony.visible_mask(text, HIDDEN))
             self.segments = harmony.HarmonySegments(tokenizer)
             self.reply = harmony.HarmonyReply(tools)
         else:
-            self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags)
+            self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags, call_format.markup)
             self.segments = SegmentTracker(tokenizer, start_in_reasoning=in_reasoning, call_tags=call_tags)
             self.reply = ReplyStream(in_reasoning, call_format, tools)
         self.pieces: list[Piece] = []
