@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 
-from mtplx.reply_stream import Piece
+from mtplx.reply_stream import Piece, SegmentText
 
 START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN = (
     "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>")
@@ -58,7 +58,7 @@ class HarmonyReply:
         self.kind, self.name = "content", None
         self.body = ""  # a tool call's arguments, held until its message ends
         self.buffer = ""
-        self.fresh, self.held_ws = True, ""
+        self.segment_text = SegmentText(fresh=True)
 
     def feed(self, text: str, final: bool = False) -> list[Piece]:
         self.buffer += text
@@ -76,12 +76,14 @@ class HarmonyReply:
             self.buffer = self.buffer[at + len(tag):]
             if self.mode == "header":
                 self.kind, self.name = kind_of(self.header)
-                self.mode, self.header, self.body, self.fresh, self.held_ws = "body", "", "", True, ""
+                self.mode, self.header, self.body = "body", "", ""
+                self.segment_text.restart()
             else:
                 self._end_message(out)
         if self.mode == "header" and (final or len(self.header) > HEADER_MAX) and _plain(self.header):
             # Text with no harmony header (a model that left the format): shown as content, never dropped.
-            self.mode, self.kind, self.name, self.fresh = "body", "content", None, True
+            self.mode, self.kind, self.name = "body", "content", None
+            self.segment_text.restart()
             text, self.header = self.header, ""
             self._take(text, out)
         if final and self.mode == "body":
@@ -97,17 +99,8 @@ class HarmonyReply:
         if self.kind == "tool_call":
             self.body += text
             return
-        if self.fresh:
-            text = text.lstrip()
-            if not text:
-                return
-            self.fresh = False
-        body = text.rstrip()
-        if not body:
-            self.held_ws += text
-            return
-        out.append(Piece(self.kind, self.held_ws + body))
-        self.held_ws = text[len(body):]
+        if piece := self.segment_text.take(self.kind, text):
+            out.append(piece)
 
     def _end_message(self, out: list[Piece]) -> None:
         if self.kind == "tool_call":

@@ -29,6 +29,31 @@ class Piece:
     arguments: str | None = None  # tool calls only: a JSON object as a string
 
 
+class SegmentText:
+    """One segment's text as pieces: whitespace right after a tag is markup (dropped); trailing
+    whitespace is held until more text follows in the same segment (so none ends a segment)."""
+
+    def __init__(self, fresh: bool):
+        self.fresh, self.held = fresh, ""
+
+    def restart(self) -> None:
+        """A tag began a new segment."""
+        self.fresh, self.held = True, ""
+
+    def take(self, kind: str, text: str) -> Piece | None:
+        if self.fresh:
+            text = text.lstrip()
+            if not text:
+                return None
+            self.fresh = False
+        body = text.rstrip()
+        if not body:
+            self.held += text
+            return None
+        piece, self.held = Piece(kind, self.held + body), text[len(body):]
+        return piece
+
+
 class ReplyStream:
     def __init__(self, in_reasoning: bool = False, tool_format: ToolFormat | None = None, tools: list | None = None):
         """`tool_format`: the model's (Checkpoint.tool_format), default the `<tool_call>` family;
@@ -44,8 +69,7 @@ class ReplyStream:
         # that opens with content keeps its leading whitespace: it is what the model wrote, and a
         # client sending it back then renders the reply exactly as generated (reply_ids.py), where
         # a dropped leading newline made the whole reply differ from the model's own tokens.
-        self.fresh = in_reasoning
-        self.held_ws = ""  # trailing whitespace, released only if more text follows in this segment
+        self.segment_text = SegmentText(fresh=in_reasoning)
         # A format whose call is the reply itself (Llama's bare JSON): until the reply's first
         # visible character says whether it opens a call ("{"), its leading whitespace waits.
         self.undecided = self.format.body == "bare" and not in_reasoning
@@ -90,26 +114,17 @@ class ReplyStream:
             return
         if self.undecided and self.mode == "content":
             if not text.strip():
-                self.held_ws += text
+                self.segment_text.held += text
                 return
             self.undecided = False
             if text.lstrip().startswith("{"):  # the reply is a call; it runs to the end of the output
-                self.mode, self.call, self.bare_call, self.held_ws = "tool_call", text.lstrip(), True, ""
+                self.mode, self.call, self.bare_call, self.segment_text.held = "tool_call", text.lstrip(), True, ""
                 return
-        if self.fresh:
-            text = text.lstrip()
-            if not text:
-                return
-            self.fresh = False
-        body = text.rstrip()
-        if not body:
-            self.held_ws += text
-            return
-        out.append(Piece(self.mode, self.held_ws + body))
-        self.held_ws = text[len(body):]
+        if piece := self.segment_text.take(self.mode, text):
+            out.append(piece)
 
     def _switch(self, tag: str, out: list[Piece]) -> None:
-        self.fresh, self.held_ws = True, ""
+        self.segment_text.restart()
         if tag == THINK_OPEN:
             self.mode = "reasoning"
         elif tag == THINK_CLOSE:
