@@ -12,6 +12,7 @@ This module knows text and JSON, never tokens, arrays or requests.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import re
@@ -280,6 +281,7 @@ def deepseek_format(tokenizer) -> ToolFormat | None:
     return replace(DEEPSEEK, body="fenced") if fenced else DEEPSEEK
 
 
+@functools.lru_cache(maxsize=16)  # asked on every render; a template is a few KB of text
 def template_iterates_arguments(template: str | None) -> bool:
     """Whether a chat template walks tool-call arguments as a mapping (Qwen3.5 / Qwen3-Coder:
     `arguments|items`), or serialises them with `tojson` without first asking whether they are a
@@ -292,6 +294,7 @@ def template_iterates_arguments(template: str | None) -> bool:
     return bool(re.search(r"arguments\s*\|\s*tojson", template)) and not re.search(r"arguments\s+is\s+string", template)
 
 
+@functools.lru_cache(maxsize=16)  # asked on every render; a template is a few KB of text
 def template_reads_thinking_switch(template: str | None) -> bool:
     """Whether a chat template turns reasoning on with a plain `thinking` variable (DeepSeek V3.1:
     `{% if thinking %}<think>...`) rather than `enable_thinking`."""
@@ -299,6 +302,7 @@ def template_reads_thinking_switch(template: str | None) -> bool:
         bool(re.search(r"(?<![\w.'\"\[])thinking\s+is\s+defined|\{%-?\s*if\s+(not\s+)?thinking\b", template))
 
 
+@functools.lru_cache(maxsize=16)  # asked on every render; a template is a few KB of text
 def template_reads_thinking(template: str | None) -> bool:
     """Whether a chat template takes an assistant turn's reasoning as `thinking` (gpt-oss) rather
     than `reasoning_content`: reasoning sent back under the OpenAI name is then renamed for it."""
