@@ -56,8 +56,7 @@ def lark(body: str, tools: list[dict], close: str, enforced: Collection[str] = (
     tools whose arguments must follow their schema (the others: any JSON object); `only`: the one
     tool the call must be to (a named tool choice); `marks`: a DeepSeek delimiter's text -> its
     token in the grammar; `parallel`: whether a DeepSeek block may hold several calls."""
-    chosen = [t for t in tools if function(t).get("name") == only] if only else list(tools)
-    chosen = [t for t in chosen if isinstance(function(t).get("name"), str)]
+    chosen = _chosen(tools, only)
     if not chosen or body not in ("json", "xml", "plain", "fenced"):
         return None
     if body in ("plain", "fenced"):
@@ -76,8 +75,7 @@ def lark(body: str, tools: list[dict], close: str, enforced: Collection[str] = (
 
 def bare(tools: list[dict], enforced: Collection[str] = (), only: str | None = None) -> str | None:
     """The grammar of a whole Llama 3.x reply that must call one of `tools` (`only`: that one)."""
-    chosen = [t for t in tools if function(t).get("name") == only] if only else list(tools)
-    chosen = [t for t in chosen if isinstance(function(t).get("name"), str)]
+    chosen = _chosen(tools, only)
     if not chosen:
         return None
     rules = ["start: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
@@ -95,8 +93,7 @@ def harmony(tools: list[dict], marks: dict[str, str], enforced: Collection[str] 
     `marks` names harmony's tokens (`<|channel|>`, ...) as the grammar's `<[id]>`."""
     from mtplx.harmony import CHANNEL, CONSTRAIN, END, MESSAGE, START
 
-    chosen = [t for t in tools if function(t).get("name") == only] if only else list(tools)
-    chosen = [t for t in chosen if isinstance(function(t).get("name"), str)]
+    chosen = _chosen(tools, only)
     if not chosen or any(marks.get(m) is None for m in (CHANNEL, CONSTRAIN, END, MESSAGE, START)):
         return None
     rules = ["start: analysis? call",
@@ -165,6 +162,11 @@ def _xml_call(i: int, name: str, schema: dict) -> list[str]:
         rules.append(f"param_{i}_{j}: {_literal(f'<parameter={key}>' + chr(10))} {value} {_literal(chr(10))}")
         params.append(f"param_{i}_{j}" + ("" if key in required else "?"))
     return [f"call_{i}: {head} {' '.join(params)} {tail}"] + rules
+
+
+def _chosen(tools: list[dict], only: str | None) -> list[dict]:
+    """The tools a call may be to: `only` (a named tool choice), else every named one."""
+    return [t for t in tools if isinstance(function(t).get("name"), str) and (not only or function(t)["name"] == only)]
 
 
 def _literal(text: str) -> str:

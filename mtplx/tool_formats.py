@@ -229,7 +229,9 @@ def detect(tokenizer) -> ToolFormat | None:
     parser = getattr(tokenizer, "tool_parser", None)
     module = getattr(parser, "__module__", "") or ""
     if not module.startswith("mlx_lm.tool_parsers."):
-        return deepseek_format(tokenizer) or (HARMONY if _is_harmony(tokenizer) else None) or llama_format(tokenizer)
+        from mtplx.harmony import is_harmony  # (it imports this module)
+
+        return deepseek_format(tokenizer) or (HARMONY if is_harmony(tokenizer) else None) or llama_format(tokenizer)
     try:
         return by_name(module.rsplit(".", 1)[1])
     except ValueError:
@@ -261,12 +263,6 @@ def llama_format(tokenizer) -> ToolFormat | None:
     if "<|python_tag|>" in template or "dictionary of argument name and its value" in template:
         return LLAMA_JSON
     return None
-
-
-def _is_harmony(tokenizer) -> bool:
-    from mtplx.harmony import is_harmony
-
-    return is_harmony(tokenizer)
 
 
 def deepseek_format(tokenizer) -> ToolFormat | None:

@@ -172,11 +172,10 @@ class ToolRules:
         llguidance cannot take leaves that tool's arguments any JSON object, never a 400: the tool
         was accepted, and its calls still get a declared name."""
         choice = call.tool_choice
-        if self.whole:  # a forced call is the whole reply (call_grammar.harmony / bare)
-            if call.tools and choice.mode == "required":
-                self._whole_reply_grammar(call)
-            return
-        if not call.tools or self.open is None or self.close is None or choice.mode == "none" or \
+        if self.whole:  # a forced call is the whole reply (call_grammar.harmony / bare); nothing else is held
+            if not call.tools or choice.mode != "required":
+                return
+        elif not call.tools or self.open is None or self.close is None or choice.mode == "none" or \
                 (choice.mode == "auto" and not call.strict_tools and choice.allowed is None):
             return
         # allowed_tools: calls name only those (the others stay described in the prompt)
@@ -186,29 +185,22 @@ class ToolRules:
         if key not in self._grammars:
             if len(self._grammars) >= 32:
                 self._grammars.pop(next(iter(self._grammars)))
-            self._grammars[key] = self._compiled(tools, enforced, choice.name, choice.parallel)
+            self._grammars[key] = (self._whole_reply(tools, enforced, choice.name) if self.whole
+                                   else self._compiled(tools, enforced, choice.name, choice.parallel))
         call.call_grammar = self._grammars[key]
 
-    def _whole_reply_grammar(self, call) -> None:
+    def _whole_reply(self, tools: list[dict], enforced: tuple[str, ...], only: str | None):
         from mtplx.engine.output_rule import Grammar, ll_tokenizer
 
-        choice = call.tool_choice
-        tools = [t for t in call.tools if choice.allowed is None or call_grammar.function(t).get("name") in choice.allowed]
-        key = (self.format.name, json.dumps(tools, sort_keys=True, default=str), choice.name)
-        if key not in self._grammars:
-            if len(self._grammars) >= 32:
-                self._grammars.pop(next(iter(self._grammars)))
-            tokenizer, grammar = ll_tokenizer(self.tokenizer, self.eos_ids), None
-            for enforced in (tuple(call_grammar.names(tools)), ()):  # schemas first; then any JSON arguments
-                text = (call_grammar.harmony(tools, self.marks, enforced, choice.name) if self.format.name == "harmony"
-                        else call_grammar.bare(tools, enforced, choice.name))
-                try:
-                    grammar = Grammar.from_lark(text, tokenizer, self.eos_ids) if text else None
-                    break
-                except ValueError:
-                    continue
-            self._grammars[key] = grammar
-        call.call_grammar = self._grammars[key]
+        tokenizer = ll_tokenizer(self.tokenizer, self.eos_ids)
+        for kept in (enforced, ()):  # schemas first; then any JSON arguments
+            text = (call_grammar.harmony(tools, self.marks, kept, only) if self.format.name == "harmony"
+                    else call_grammar.bare(tools, kept, only))
+            try:
+                return Grammar.from_lark(text, tokenizer, self.eos_ids) if text else None
+            except ValueError:
+                continue
+        return None
 
     def _compiled(self, tools: list[dict], enforced: tuple[str, ...], only: str | None, parallel: bool = True):
         from mtplx.engine.output_rule import Grammar, ll_tokenizer
