@@ -57,6 +57,16 @@ def config_for(kind: str, vocab: int) -> dict:
                     q_lora_rank=48, qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32, first_k_dense_replace=1,
                     moe_layer_freq=1, norm_topk_prob=True, num_nextn_predict_layers=1, rope_theta=10000.0,
                     topk_method="noaux_tc", scoring_func="sigmoid", torch_dtype="float32")
+    if kind == "deepseek_v32":  # V3's layout plus the sparse-attention indexer (a small top-k, so it selects)
+        return dict(config_for("deepseek_v3", vocab), model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"],
+                    index_head_dim=16, index_n_heads=2, index_topk=32)
+    if kind == "lfm2":  # Liquid's hybrid: short-convolution layers (recurrent state) between attention layers
+        return dict(model_type="lfm2", architectures=["Lfm2ForCausalLM"], vocab_size=vocab, hidden_size=64,
+                    num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                    norm_eps=1e-5, conv_bias=False, conv_L_cache=3, block_dim=64, block_multiple_of=16,
+                    block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True, block_ff_dim=128,
+                    full_attn_idxs=[1, 3], layer_types=["conv", "full_attention", "conv", "full_attention"],
+                    rope_theta=1e6, tie_word_embeddings=True, torch_dtype="bfloat16")
     if kind == "llama":
         return dict(dense, model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=500000.0,
                     hidden_act="silu", torch_dtype="bfloat16")
@@ -144,7 +154,7 @@ def hf_weights(kind: str, config: dict, trunk: dict, head: dict) -> dict:
     if kind == "qwen3_next":
         return _unstack(_hf_conv_and_norms(trunk, head=False)) | {f"mtp.{k}": v for k, v in
                                                                   _unstack(_hf_conv_and_norms(head, head=True)).items()}
-    if kind == "deepseek_v3":
+    if kind in ("deepseek_v3", "deepseek_v32"):
         n = config["num_hidden_layers"]
         out = _deepseek_kv_b(_unstack(trunk), config)
         names = {"pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "fc": "eh_proj", "norm": "shared_head.norm"}

@@ -373,7 +373,7 @@ class SsdTier:
                 trunk.append(LayerSnapshot(kind, tuple(arrays.get(f"t{i}_{j}") if p else None for j, p in enumerate(present)), offset))
             checkpoints = {}
             for pos in json.loads(meta["checkpoints"]):
-                checkpoints[pos] = [None if s.kind == "kv" else tuple(arrays.get(f"c{pos}_{i}_{j}") for j in range(len(s.arrays)))
+                checkpoints[pos] = [None if s.kind in ("kv", "list") else tuple(arrays.get(f"c{pos}_{i}_{j}") for j in range(len(s.arrays)))
                                     for i, s in enumerate(trunk)]
             mtp_len = int(meta["mtp_len"])
             mtp = LayerSnapshot("kv", (arrays["mtp_k"], arrays["mtp_v"]), mtp_len) if mtp_len >= 0 and "mtp_k" in arrays else None

@@ -3,16 +3,19 @@ or put the copied recurrent arrays back. Snapshots (copies that outlive the cach
 mtplx/state/snapshot.py.
 
 `ArraysCache.state` is the live list and its arrays are replaced, never written, so copying the
-list is enough to keep a recurrent layer's state.
+list is enough to keep a recurrent layer's state. Layers are walked as cache_layers.flat gives
+them (a CacheList's caches one by one), so per-layer records line up with snapshots.
 """
 
 from __future__ import annotations
 
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from mtplx.state.cache_layers import flat
+
 
 def set_capture(cache: list, on: bool) -> None:
-    for layer in cache:
+    for layer in flat(cache):
         if isinstance(layer, ArraysCache):
             layer.capture = on
             if not on:
@@ -22,7 +25,7 @@ def set_capture(cache: list, on: bool) -> None:
 def set_stops(cache: list, stops: list[int]) -> None:
     """Positions inside the next forward (0 < p < its length) where each recurrent layer keeps
     its state (gdn_capture.CapturingGatedDeltaNet)."""
-    for layer in cache:
+    for layer in flat(cache):
         if isinstance(layer, ArraysCache):
             layer.stops, layer.stopped = tuple(stops), {}
 
@@ -30,8 +33,8 @@ def set_stops(cache: list, stops: list[int]) -> None:
 def take_stopped(cache: list, stops: list[int]) -> dict[int, list]:
     """{stop: the recurrent arrays there, a layer's (conv tail, state) or None for attention
     layers} after a forward run with `set_stops`; clears the stops."""
-    out = {p: [layer.stopped[p] if isinstance(layer, ArraysCache) else None for layer in cache] for p in stops}
-    for layer in cache:
+    out = {p: [layer.stopped[p] if isinstance(layer, ArraysCache) else None for layer in flat(cache)] for p in stops}
+    for layer in flat(cache):
         if isinstance(layer, ArraysCache):
             layer.stops, layer.stopped = (), {}
     return out
@@ -40,7 +43,7 @@ def take_stopped(cache: list, stops: list[int]) -> dict[int, list]:
 def keep_verified(cache: list, fed: int, kept: int) -> None:
     """After a capturing verify that fed `fed` tokens, keep only the first `kept` of them."""
     drop = fed - kept
-    for layer in cache:
+    for layer in flat(cache):
         if isinstance(layer, KVCache):
             if drop:
                 layer.trim(drop)
@@ -53,12 +56,12 @@ def keep_verified(cache: list, fed: int, kept: int) -> None:
 
 def recurrent_copy(cache: list) -> list:
     """The recurrent layers' arrays (list copies), for snapshot-and-replay rollback."""
-    return [list(layer.cache) if isinstance(layer, ArraysCache) else None for layer in cache]
+    return [list(layer.cache) if isinstance(layer, ArraysCache) else None for layer in flat(cache)]
 
 
 def rewind(cache: list, recurrent: list, drop: int) -> None:
     """Undo the last `drop` tokens: trim attention, put recurrent arrays back as copied."""
-    for layer, arrays in zip(cache, recurrent):
+    for layer, arrays in zip(flat(cache), recurrent):
         if isinstance(layer, KVCache):
             layer.trim(drop)
         elif arrays is not None:

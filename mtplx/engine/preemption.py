@@ -20,7 +20,9 @@ import threading
 from typing import Callable
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+from mtplx.state.cache_layers import flat
 
 # The check of the background prefill running on this thread. Per thread: a process may hold
 # several engines (the TUI's and a replay arm's, tests), each with its own thread, and one
@@ -74,17 +76,31 @@ def install(layers: list) -> None:
 
 
 def marks(cache: list) -> list:
-    """What `roll_back` needs to put each layer's cache back as it is now."""
-    return [layer.offset if isinstance(layer, KVCache) else
-            (list(layer.cache), layer.lengths, layer.left_padding) if isinstance(layer, ArraysCache) else None
-            for layer in cache]
+    """What `roll_back` needs to put each layer's cache back as it is now (layers as
+    cache_layers.flat walks them: a CacheList's caches one by one)."""
+    return [_mark(layer) for layer in flat(cache)]
+
+
+def _mark(layer):
+    if isinstance(layer, KVCache):
+        return layer.offset
+    if isinstance(layer, ArraysCache):
+        return list(layer.cache), layer.lengths, layer.left_padding
+    if isinstance(layer, RotatingKVCache):
+        # New wrappers of its ring: a one-token update writes the ring's own wrapper in place, and
+        # MLX then copies the buffer these still hold instead of reusing it.
+        keys, values = (None, None) if layer.keys is None else (mx.array(layer.keys), mx.array(layer.values))
+        return keys, values, layer.offset, layer._idx
+    return None
 
 
 def roll_back(cache: list, marked: list) -> None:
     """Undo a forward stopped partway: layers it reached are put back, the others never moved."""
-    for layer, mark in zip(cache, marked):
+    for layer, mark in zip(flat(cache), marked):
         if isinstance(layer, KVCache):
             layer.trim(layer.offset - mark)
         elif isinstance(layer, ArraysCache):
             layer.cache, layer.lengths, layer.left_padding = list(mark[0]), mark[1], mark[2]
             layer.stops, layer.stopped = (), {}
+        elif isinstance(layer, RotatingKVCache):
+            layer.keys, layer.values, layer.offset, layer._idx = mark

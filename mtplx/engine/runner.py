@@ -10,12 +10,13 @@ import os
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mtplx.engine import compiled, gdn_capture, preemption
 from mtplx.engine.checkpoint import Checkpoint
 from mtplx.engine.compute import blas_threads
 from mtplx.errors import ModelLoadError
+from mtplx.state import cache_layers
 
 # Names mlx-lm's text models give their token embedding.
 _EMBEDDINGS = ("embed_tokens", "wte", "tok_embeddings", "embed_in", "word_embeddings")
@@ -42,12 +43,20 @@ class ModelRunner:
 
             self._project = lambda h: gather_last_axis(outer.lm_head(h), outer.sharding_group)
         self._head_transform = head_transform(outer)
-        self.has_recurrent = any(hasattr(layer, "linear_attn") for layer in self.model.layers)
+        # Recurrent state of any kind (GatedDeltaNet, Mamba, LFM2's short convolutions), read from
+        # the cache the model itself makes: such state exists only where it was captured.
+        cache = self.new_trunk_cache()
+        self.has_recurrent = cache_layers.has_recurrent(cache)
+        self._has_window = cache_layers.has_window(cache)
         # GatedDeltaNet prefill in matrix form where rows are not bitwise anyway (CPU fp32 on MKL):
         # it rounds differently from the step function (gdn_prefill.py). MTPLX_GDN_CHUNKED=off to compare.
         chunked = (str(checkpoint.extras.get("compute")).startswith("cpu fp32 + mkl")
                    and os.environ.get("MTPLX_GDN_CHUNKED", "on").lower() not in ("off", "0", "false"))
-        self.can_capture = gdn_capture.install(self.model, chunked) if self.has_recurrent else True
+        # Only GatedDeltaNet keeps its state at positions inside a forward (gdn_capture); any other
+        # recurrent layer has a state at a forward's end alone.
+        gdn = sum(hasattr(layer, "linear_attn") for layer in self.model.layers)
+        recurrent = sum(isinstance(c, ArraysCache) for c in cache_layers.leaves(cache))
+        self.can_capture = (gdn_capture.install(self.model, chunked) and gdn == recurrent) if self.has_recurrent else True
         # Short steps (decode, verify, draft) through compiled layers where the family is known;
         # on the CPU backend only, where per-op dispatch is what such a step costs.
         on_cpu = mx.default_device() == mx.cpu
@@ -120,8 +129,6 @@ class ModelRunner:
     def has_window(self) -> bool:
         """Whether the trunk has sliding-window layers (Gemma 2/3, gpt-oss): their state past the
         window exists only where a prefill took a checkpoint, as recurrent state does."""
-        if not hasattr(self, "_has_window"):
-            self._has_window = any(isinstance(c, RotatingKVCache) for c in self.new_trunk_cache())
         return self._has_window
 
     def new_trunk_cache(self) -> list:

@@ -26,6 +26,8 @@ from types import SimpleNamespace
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from mtplx.state.cache_layers import flat
+
 MAX_DEPTH = 4
 # A deeper depth must be predicted more than this much faster to be chosen. Its gain rests on the
 # acceptance of the deepest drafts, which varies most with what is being written (the tuner's
@@ -143,11 +145,11 @@ def _round(runner, cache: list, head, pending: mx.array, first: int, k: int) -> 
 
 
 def _recurrent(cache: list) -> list:
-    return [list(c.cache) if isinstance(c, ArraysCache) else None for c in cache]
+    return [list(c.cache) if isinstance(c, ArraysCache) else None for c in flat(cache)]
 
 
 def _roll_back(cache: list, saved: list, t: int) -> None:
-    for layer, arrays in zip(cache, saved):
+    for layer, arrays in zip(flat(cache), saved):
         if isinstance(layer, KVCache):
             layer.trim(t)
         elif arrays is not None:

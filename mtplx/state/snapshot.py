@@ -4,6 +4,10 @@ Two traps shape this module: `ArraysCache.state` returns the live list (its arra
 not written, so copying the list is enough), and `KVCache.state` returns the live buffer that
 `update_and_fetch` writes in place (so a snapshot slices to the offset and never shares it).
 
+A layer made of several caches (mlx-lm's `CacheList`: DeepSeek-V3.2's latent KV and indexer keys)
+is snapshotted as a "list" marker holding how many caches follow, then each of them
+(cache_layers.py); every function here sees the same flat sequence, so they stay aligned.
+
 Sliding-window layers (`RotatingKVCache`, Gemma 2/3) are kept as their tokens in temporal order
 (keys, values, and [max_size, keep]): the state the cache itself puts its buffer in before every
 multi-token update, which is how a cold prefill leaves it. Such a layer can be cut back only while
@@ -16,14 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
+
+from mtplx.state.cache_layers import flat
 
 
 @dataclass
 class LayerSnapshot:
-    kind: str  # "kv", "arrays" or "rotating"
-    arrays: tuple  # (keys, values), the recurrent arrays, or (keys, values, [max_size, keep])
-    offset: int = 0
+    kind: str  # "kv", "arrays", "rotating" or "list"
+    arrays: tuple  # (keys, values), the recurrent arrays, (keys, values, [max_size, keep]), or () for "list"
+    offset: int = 0  # tokens held; for "list": how many of the following snapshots it is made of
 
     @property
     def nbytes(self) -> int:
@@ -33,8 +39,10 @@ class LayerSnapshot:
 def snapshot(cache: list) -> list[LayerSnapshot]:
     """An independent copy of every layer's state (evaluated, so later writes cannot leak in)."""
     out = []
-    for layer in cache:
-        if isinstance(layer, KVCache):
+    for layer in flat(cache):
+        if isinstance(layer, CacheList):
+            out.append(LayerSnapshot("list", (), len(layer.caches)))
+        elif isinstance(layer, KVCache):
             if layer.keys is None:
                 out.append(LayerSnapshot("kv", (None, None), 0))
             else:
@@ -69,8 +77,11 @@ def window(snap: list[LayerSnapshot]) -> int | None:
 
 def restore(snap: list[LayerSnapshot]) -> list:
     """Fresh cache objects holding copies of a snapshot (the snapshot stays reusable)."""
-    cache = []
+    cache, lists = [], []  # lists: [CacheList marker's size, its caches so far], innermost last
     for s in snap:
+        if s.kind == "list":
+            lists.append((s.offset, []))
+            continue
         if s.kind == "kv":
             layer = KVCache()
             if s.arrays[0] is not None:
@@ -86,7 +97,9 @@ def restore(snap: list[LayerSnapshot]) -> list:
         else:
             layer = ArraysCache(size=len(s.arrays))
             layer.cache = list(s.arrays)
-        cache.append(layer)
+        while lists and len(lists[-1][1]) + 1 == lists[-1][0]:  # the last cache of a list closes it
+            layer = CacheList(*lists.pop()[1], layer)
+        (lists[-1][1] if lists else cache).append(layer)
     return cache
 
 
@@ -109,19 +122,13 @@ def truncate_kv(snap: list[LayerSnapshot], length: int) -> list[LayerSnapshot]:
     return out
 
 
-def recurrent_arrays(cache: list) -> list:
-    """The recurrent layers' current arrays, a checkpoint of them (a copied list: their arrays
-    are replaced, never written); None for attention layers."""
-    return [tuple(layer.cache) if isinstance(layer, ArraysCache) else None for layer in cache]
-
-
 def checkpoint_arrays(cache: list) -> list:
     """A checkpoint of every layer whose state cannot be cut back from a later one: recurrent
     arrays, and a sliding-window layer's tokens in temporal order (an independent copy, with
     [max_size, keep]: once its ring has dropped a token, the state of an earlier point exists
     only where one was taken); None for full attention, which cuts anywhere."""
     out = []
-    for layer in cache:
+    for layer in flat(cache):
         if isinstance(layer, ArraysCache):
             out.append(tuple(layer.cache))
         elif isinstance(layer, RotatingKVCache):
