@@ -162,6 +162,9 @@ def hf_weights(kind: str, config: dict, trunk: dict, head: dict) -> dict:
             first, _, rest = k.partition(".")
             key = rest[len("0."):] if first == "layers" else f"{names[first]}.{rest}"
             out[f"model.layers.{n}.{key}"] = v
+        if kind == "deepseek_v32":  # the real MTP layer carries an indexer too (shapes as a trunk layer's)
+            out.update({k.replace("model.layers.0.", f"model.layers.{n}."): v for k, v in trunk.items()
+                        if k.startswith("model.layers.0.self_attn.indexer.")})
         out[f"model.layers.{n}.embed_tokens.weight"] = trunk["model.embed_tokens.weight"]
         out[f"model.layers.{n}.shared_head.head.weight"] = trunk["lm_head.weight"]
         return out

@@ -7,7 +7,10 @@ chained. Embeddings and the output projection are shared with the trunk.
 
 DeepSeek-V3 stores the same module as an extra trunk layer, `model.layers.N.*` (N =
 num_hidden_layers): enorm / hnorm / eh_proj / shared_head.norm map onto the names below, and its
-copies of the embedding and LM head are dropped (they equal the trunk's).
+copies of the embedding and LM head are dropped (they equal the trunk's). DeepSeek-V3.2's layer
+adds a sparse-attention indexer; the head here attends densely (a V3 layer, its indexer weights
+dropped). Up to the indexer's top-k (2,048 keys in V3.2) that is the same attention; past it the
+drafts may differ from the trained head's, never the output: the trunk verifies every draft.
 
 The head's own tensors decide its layout, never the trunk's: a head copied from a Hugging Face file
 into a converted MLX trunk keeps zero-centred norms (w - 1) and per-expert MoE weights even though
@@ -24,6 +27,8 @@ from mlx_lm.models.base import create_attention_mask
 
 # Families whose RMSNorm computes x * (1 + w) in the Hugging Face files; mlx-lm stores 1 + w.
 ZERO_CENTRED = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+# Families whose MTP module is trunk layer N (DeepSeek's layout) and whose attention is MLA.
+DEEPSEEK = ("deepseek_v3", "deepseek_v32")
 _DEEPSEEK = {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "eh_proj": "fc",
              "shared_head.norm": "norm"}
 
@@ -95,14 +100,14 @@ def build_mtp_head(model_type: str, args, text_args) -> MTPHead:
         from mlx_lm.models.qwen3_next import Qwen3NextDecoderLayer
 
         block = Qwen3NextDecoderLayer(text_args, layer_idx=text_args.full_attention_interval - 1)
-    elif model_type == "deepseek_v3":
+    elif model_type in DEEPSEEK:  # V3.2's layer too, without its indexer (see the module's note)
         from mlx_lm.models.deepseek_v3 import DeepseekV3DecoderLayer
 
         block = DeepseekV3DecoderLayer(text_args, text_args.num_hidden_layers)
     else:
         raise ValueError(f"MTP weights for model_type {model_type!r} are not supported "
-                         "(qwen3, qwen3_5, qwen3_5_moe, qwen3_next, deepseek_v3 are)")
-    return MTPHead(block, text_args.hidden_size, text_args.rms_norm_eps, array_mask=model_type == "deepseek_v3")
+                         "(qwen3, qwen3_5, qwen3_5_moe, qwen3_next, deepseek_v3, deepseek_v32 are)")
+    return MTPHead(block, text_args.hidden_size, text_args.rms_norm_eps, array_mask=model_type in DEEPSEEK)
 
 
 def split_mtp_weights(weights: dict, model_type: str, num_hidden_layers: int) -> tuple[dict, dict]:
@@ -113,7 +118,7 @@ def split_mtp_weights(weights: dict, model_type: str, num_hidden_layers: int) ->
         if key.startswith("mtp.") or ".mtp." in key:
             head[key.split("mtp.", 1)[1]] = value
             continue
-        found = extra.match(key) if model_type == "deepseek_v3" else None
+        found = extra.match(key) if model_type in DEEPSEEK else None
         if found and int(found.group(1)) >= num_hidden_layers:
             if int(found.group(1)) == num_hidden_layers:  # only the first MTP module drafts
                 name = found.group(2)
@@ -124,6 +129,8 @@ def split_mtp_weights(weights: dict, model_type: str, num_hidden_layers: int) ->
                 else:
                     if name.startswith(("embed_tokens.", "shared_head.head.")):
                         continue  # copies of the trunk's embedding and LM head
+                    if name.startswith("self_attn.indexer."):
+                        continue  # V3.2's sparse-attention indexer: the head attends densely
                     name = "layers.0." + name
                 head[name] = value
             continue
