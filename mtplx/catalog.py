@@ -131,13 +131,16 @@ def describe(path: Path, name: str | None = None) -> dict:
     count = lambda keys: sum(_parameters(k, tensors, config.get("quantization")) for k in keys)
     head = set(mtp_keys(tensors, config))
     runs_on = supported_architecture(config)
-    template = ""
+    template, renderer = "", None
     tok_config = path / "tokenizer_config.json"
     if tok_config.is_file():
-        template = json.loads(tok_config.read_text()).get("chat_template") or ""
+        settings = json.loads(tok_config.read_text())
+        template, renderer = settings.get("chat_template") or "", settings.get("chat_template_type")
     if (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()
     template = re.sub(r"\{#.*?#\}", "", template, flags=re.S)  # what it does, not what its comments say
+    if renderer == "deepseek_v32":  # mlx-lm's Python renderer (chat_template.py); what it writes, as template text
+        template = "tools <think> ｜DSML｜function_calls"
     layer_types = text.get("layer_types") or []
     return {
         "name": name or hub_cache.repo_id_of(path) or path.name,
@@ -171,6 +174,8 @@ def call_format_named(template: str) -> str | None:
     what `mtplx models` shows; the engine decides from the loaded tokenizer (tool_formats.detect)."""
     if "<|channel|>" in template:
         return "harmony"
+    if "｜DSML｜" in template:
+        return "dsml"
     if "<｜tool▁calls▁begin｜>" in template:
         return "deepseek"
     if "<tool_call>" in template:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from mtplx import chat_template
 from mtplx.tool_formats import template_iterates_arguments, template_reads_thinking, template_reads_thinking_switch
 
 @dataclass(frozen=True)
@@ -35,14 +36,14 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
     kwargs = dict(template_kwargs or {})
     if enable_thinking is not None:
         kwargs["enable_thinking"] = enable_thinking
-        if "thinking" not in kwargs and template_reads_thinking_switch(getattr(tokenizer, "chat_template", None)):
+        if "thinking" not in kwargs and template_reads_thinking_switch(chat_template.text(tokenizer)):
             kwargs["thinking"] = enable_thinking
     from mtplx.reply_ids import ReplyIds, encode_spliced
     from mtplx.tool_prompt import described
 
     messages = described(tokenizer, messages, tools)  # a template that drops tools: they go in the system prompt
 
-    template = getattr(tokenizer, "chat_template", None)
+    template = chat_template.text(tokenizer)
     if template_iterates_arguments(template):
         messages = [_arguments_as_mapping(m) for m in messages]
     if template_reads_thinking(template):
@@ -51,12 +52,12 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
     if replies.has_any(messages):
         # A reply this model generated comes back as text: its span keeps the generated ids (reply_ids.py)
         text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
-                                             tokenize=False, **kwargs)
+                                             tokenize=False, **chat_template.variables(tokenizer, kwargs))
         splices = replies.splices(messages, text, getattr(tokenizer, "eos_token", None))
         if splices:
             return encode_spliced(tokenizer, text, splices)
     ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
-                                        tokenize=True, return_dict=False, **kwargs)
+                                        tokenize=True, **chat_template.variables(tokenizer, {"return_dict": False, **kwargs}))
     return list(ids)
 
 

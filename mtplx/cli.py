@@ -90,7 +90,9 @@ def _mtp_notice(engine) -> None:
     notice = engine.checkpoint.mtp_notice
     if notice:
         typer.secho(f"notice: {notice}", fg="yellow", err=True)
-    if not getattr(engine.checkpoint.tokenizer, "chat_template", None):
+    from mtplx import chat_template
+
+    if not chat_template.present(engine.checkpoint.tokenizer):
         typer.secho(f"notice: {NO_TEMPLATE}", fg="yellow", err=True)
 
 

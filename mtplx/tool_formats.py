@@ -4,7 +4,7 @@ A format is a pair of delimiters and a body parser. The `<tool_call>` family is 
 object (Qwen3, Hermes, the embedded models), Qwen3.5 / Qwen3-Coder XML
 (`<function=name><parameter=k>v</parameter></function>`), GLM `<arg_key>` pairs; the body decides
 which, so a stream needs no knowledge of the model for them. DeepSeek's calls (V3, V3.1) are read
-here too: mlx-lm has no parser for them. The other formats mlx-lm's tokenizer wrapper recognises (Mistral `[TOOL_CALLS]`, pythonic, Kimi, MiniMax, Gemma, LongCat, ...) use
+here too, and V3.2's DSML calls: mlx-lm has no parser for them. The other formats mlx-lm's tokenizer wrapper recognises (Mistral `[TOOL_CALLS]`, pythonic, Kimi, MiniMax, Gemma, LongCat, ...) use
 mlx-lm's own parser for the body, imported only when such a model is loaded.
 
 This module knows text and JSON, never tokens, arrays or requests.
@@ -195,13 +195,45 @@ def _bare_json_body(body: str, tools: list | None) -> list[ToolCall]:
     return calls
 
 
+DSML = "｜DSML｜"
+DSML_CALLS, DSML_CALLS_END = f"<{DSML}function_calls>", f"</{DSML}function_calls>"
+_INVOKE = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>(.*?)</{DSML}invoke>', re.S)
+_DSML_PARAMETER = re.compile(rf'<{DSML}parameter\s+name="([^"]*)"(?:\s+string="(true|false)")?\s*>(.*?)</{DSML}parameter>', re.S)
+
+
+def _dsml_body(body: str, tools: list | None) -> list[ToolCall]:
+    """DeepSeek-V3.2's calls: `<DSML invoke name="NAME">` blocks of `<DSML parameter name="K"
+    string="true|false">V</DSML parameter>`. A string="true" value is the text as written (its
+    encoder writes strings unquoted and unescaped); any other is JSON, kept as its text when it is
+    not (the call is the model's; a value it got wrong is still its value)."""
+    calls = []
+    for name, inner in _INVOKE.findall(body):
+        if not name.strip():
+            raise ValueError("a DSML invoke without a name")
+        arguments = {}
+        for key, string, value in _DSML_PARAMETER.findall(inner):
+            if string == "true":
+                arguments[key] = value
+                continue
+            try:
+                arguments[key] = json.loads(value)
+            except ValueError:
+                arguments[key] = value
+        calls.append(ToolCall(name.strip(), arguments))
+    return calls
+
+
+# DeepSeek-V3.2: its calls block is text (no special tokens), read here (mlx-lm has no parser for it)
+DSML_FORMAT = ToolFormat("dsml", DSML_CALLS, DSML_CALLS_END, _dsml_body)
+
+
 # Llama 3.1 / 3.2 / 3.3: a reply that opens with "{" is a call (reply_stream.py holds it to the end);
 # `<|python_tag|>` opens one too (the built-in tools' form).
 LLAMA_JSON = ToolFormat("llama3_json", "<|python_tag|>", "", _bare_json_body, "bare")
 # what the delegated parsers read inside a call besides its delimiters
 _INNER = {"mistral": ("[ARGS]",), "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>"),
           "function_gemma": ("<escape>",)}
-FORMATS = {"tool_call": TAGGED, "deepseek": DEEPSEEK, "harmony": HARMONY, "llama3_json": LLAMA_JSON,
+FORMATS = {"tool_call": TAGGED, "deepseek": DEEPSEEK, "dsml": DSML_FORMAT, "harmony": HARMONY, "llama3_json": LLAMA_JSON,
            **{name: ToolFormat(name, s, e, _delegated(name), markup=_INNER.get(name, ())) for name, (s, e) in _OTHERS.items()}}
 # mlx-lm names the `<tool_call>` bodies separately; they are one format here (any body parses),
 # remembering which body the template writes.
@@ -231,7 +263,8 @@ def detect(tokenizer) -> ToolFormat | None:
     if not module.startswith("mlx_lm.tool_parsers."):
         from mtplx.harmony import is_harmony  # (it imports this module)
 
-        return deepseek_format(tokenizer) or (HARMONY if is_harmony(tokenizer) else None) or llama_format(tokenizer)
+        return (dsml_format(tokenizer) or deepseek_format(tokenizer) or (HARMONY if is_harmony(tokenizer) else None)
+                or llama_format(tokenizer))
     try:
         return by_name(module.rsplit(".", 1)[1])
     except ValueError:
@@ -256,18 +289,30 @@ def format_of(tokenizer) -> ToolFormat:
     return fmt
 
 
+def dsml_format(tokenizer) -> ToolFormat | None:
+    """DeepSeek-V3.2's calls: named by mlx-lm's Python renderer for it, or a template that writes
+    them (its vocabulary still holds V3's call tokens, so this is asked first)."""
+    from mtplx import chat_template
+
+    if chat_template.renderer_name(tokenizer) == "deepseek_v32" or DSML in (chat_template.text(tokenizer) or ""):
+        return DSML_FORMAT
+    return None
+
+
 def llama_format(tokenizer) -> ToolFormat | None:
     """Llama 3.1's calls, named by its template: the JSON form it asks for, or its python tag."""
-    template = getattr(tokenizer, "chat_template", None)
-    template = template if isinstance(template, str) else ""
+    from mtplx import chat_template
+
+    template = chat_template.text(tokenizer) or ""
     if "<|python_tag|>" in template or "dictionary of argument name and its value" in template:
         return LLAMA_JSON
     return None
 
 
 def deepseek_format(tokenizer) -> ToolFormat | None:
-    template = getattr(tokenizer, "chat_template", None)
-    template = template if isinstance(template, str) else ""
+    from mtplx import chat_template
+
+    template = chat_template.text(tokenizer) or ""
     if DS_CALLS not in template:
         vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
         if DS_CALLS not in vocab or DS_CALL not in vocab:

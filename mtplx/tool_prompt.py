@@ -29,18 +29,24 @@ log = logging.getLogger(__name__)
 _PROBE_TOOL = {"type": "function", "function": {"name": "mtplx_probe", "description": "probe",
                                                  "parameters": {"type": "object", "properties": {}}}}
 _SEEN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer -> (renders tools, format)
+YES, WITH_SYSTEM, NO = "yes", "with a system message", "no"  # whether a template renders a request's tools
 
 
 def described(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[dict]:
     """`messages` with the tools described in the system prompt when the template ignores
-    `tools` and the model's call format is one this module can describe; else `messages`."""
+    `tools` and the model's call format is one this module can describe; with an empty system
+    message first when the template writes tools only after one (DeepSeek-V3.2's encoder);
+    else `messages`."""
     if not tools:
         return messages
     renders, fmt = _facts(tokenizer)
-    if renders or fmt is None:
+    first = messages[0] if messages else None
+    if renders == WITH_SYSTEM:
+        has_system = isinstance(first, dict) and first.get("role") in ("system", "developer")
+        return messages if has_system else [{"role": "system", "content": ""}, *messages]
+    if renders == YES or fmt is None:
         return messages
     text = section(fmt, tools)
-    first = messages[0] if messages else None
     if isinstance(first, dict) and first.get("role") == "system":
         content = first.get("content")
         if isinstance(content, str):
@@ -81,7 +87,7 @@ def _deepseek(fmt: tool_formats.ToolFormat, listed: list[dict]) -> str:
             "- further calls follow the first directly, with no separator, before the closing token")
 
 
-def _facts(tokenizer) -> tuple[bool, tool_formats.ToolFormat | None]:
+def _facts(tokenizer) -> tuple[str, tool_formats.ToolFormat | None]:
     """Whether the template renders tools, and the format to describe them in when it does not
     (the model's own; the `<tool_call>` JSON form when the model has none), once per tokenizer."""
     try:
@@ -89,10 +95,10 @@ def _facts(tokenizer) -> tuple[bool, tool_formats.ToolFormat | None]:
     except (KeyError, TypeError):
         pass
     facts = (_renders_tools(tokenizer), None)
-    if not facts[0]:
+    if facts[0] == NO:
         fmt = tool_formats.format_of(tokenizer)
         describable = fmt.name == "deepseek" or fmt.body == "json"
-        facts = (False, fmt if describable else None)
+        facts = (NO, fmt if describable else None)
         if describable:
             log.info("this chat template does not render tools: mtplx describes them in the system prompt (%s)",
                      fmt.name)
@@ -106,11 +112,14 @@ def _facts(tokenizer) -> tuple[bool, tool_formats.ToolFormat | None]:
     return facts
 
 
-def _renders_tools(tokenizer) -> bool:
-    chat = [{"role": "user", "content": "hi"}]
-    try:
-        bare = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        with_tool = tokenizer.apply_chat_template(chat, tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False)
-    except Exception:  # a template that cannot render this probe: leave its requests as they are
-        return True
-    return bare != with_tool
+def _renders_tools(tokenizer) -> str:
+    user = {"role": "user", "content": "hi"}
+    for chat, answer in (([user], YES), ([{"role": "system", "content": "be brief"}, user], WITH_SYSTEM)):
+        try:
+            bare = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            with_tool = tokenizer.apply_chat_template(chat, tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False)
+        except Exception:  # a template that cannot render this probe: leave its requests as they are
+            return YES
+        if bare != with_tool:
+            return answer
+    return NO

@@ -283,11 +283,15 @@ FAMILY_TOKENS = {
     "gptoss": (("<|startoftext|>", "<|return|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>",
                 "<|constrain|>"), "<|startoftext|>", "<|return|>"),
 }
+# DeepSeek-V3.2: V3's vocabulary; no Jinja template: its tokenizer config names mlx-lm's Python renderer
+FAMILY_TOKENS["deepseek_v32"] = FAMILY_TOKENS["deepseek_v3_1"]
+RENDERERS = {"deepseek_v32": "deepseek_v32"}
 TEMPLATES = {"deepseek_v3_1": "deepseek_v3_1_style.jinja", "gptoss": "harmony_style.jinja",
              "llama3_1": "llama3_1_style.jinja"}
 # Special (dropped from decoded text) only where the real tokenizer marks them so: DeepSeek's role,
 # call and think tokens are plain added tokens there, so replies show them and calls parse.
-SPECIAL = {"deepseek_v3_1": {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}}
+SPECIAL = {"deepseek_v3_1": {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"},
+           "deepseek_v32": {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}}
 
 
 def family_tokenizer(family: str, dest: Path) -> Path:
@@ -305,8 +309,12 @@ def family_tokenizer(family: str, dest: Path) -> Path:
                                      "special": content in SPECIAL.get(family, specials)})
     (dest / "tokenizer.json").write_text(json.dumps(data))
     config = json.loads((TINY.parent / "tiny-dense" / "tokenizer_config.json").read_text())
-    config.update(bos_token=bos, eos_token=eos, pad_token=None,
-                  chat_template=(FIXTURES / TEMPLATES.get(family, f"{family}/chat_template.jinja")).read_text())
+    config.update(bos_token=bos, eos_token=eos, pad_token=None)
+    if family in RENDERERS:
+        config["chat_template_type"] = RENDERERS[family]
+        config.pop("chat_template", None)
+    else:
+        config["chat_template"] = (FIXTURES / TEMPLATES.get(family, f"{family}/chat_template.jinja")).read_text()
     config.pop("added_tokens_decoder", None)
     (dest / "tokenizer_config.json").write_text(json.dumps(config))
     return dest

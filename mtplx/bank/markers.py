@@ -72,7 +72,10 @@ def chatml(tokenizer) -> Markers:
 
 
 def _text(tokenizer, messages, **kwargs) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, **kwargs)
+    from mtplx import chat_template
+
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
+                                         **chat_template.variables(tokenizer, kwargs))
 
 
 def _specials(tokenizer) -> dict[str, int]:

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from mtplx import chat_template
 from mtplx.bank.watch import BankWatch
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
@@ -56,7 +57,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     # The checkpoint's generation_config.json sampling stands in for ours; a request's own values still win.
     generation = getattr(engine.checkpoint, "generation", None)
     defaults = generation.defaults(defaults) if generation is not None else defaults
-    cache = EncodeCache(engine.checkpoint.identity, tokenizer.chat_template or "")
+    cache = EncodeCache(engine.checkpoint.identity, chat_template.identity(tokenizer))
     metrics = Metrics(getattr(engine, "layout", None))
     engine.listeners.append(metrics.observe)
     app.state.metrics, app.state.encode_cache = metrics, cache

@@ -15,6 +15,7 @@ import queue
 from dataclasses import replace
 from typing import AsyncIterator
 
+from mtplx import chat_template
 from mtplx.chat import chat_request, render, with_prefill
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
@@ -104,7 +105,7 @@ def render_call(engine, call: ChatCall, add_generation_prompt: bool = True) -> t
             call.messages[:] = folded
             return tokens, {"messages": folded}
     except Exception as exc:  # a template error is the request's fault (e.g. roles out of order)
-        if not getattr(engine.checkpoint.tokenizer, "chat_template", None):
+        if not chat_template.present(engine.checkpoint.tokenizer):
             raise bad_request("this model has no chat template (a base model?), so it cannot take chat messages; "
                               "send a prompt to /v1/completions, or add a chat_template.jinja to its directory",
                               "messages", "no_chat_template") from None
