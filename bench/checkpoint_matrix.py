@@ -67,6 +67,9 @@ def build(root: Path) -> dict:
     rows["DeepSeek-V3-style MTP with a V3.1-layout template (DeepSeek's call tokens; tools described by mtplx)"] = (
         str(standins.build("deepseek_v3", root / "deepseek_v3_1", standins.family_tokenizer("deepseek_v3_1",
                                                                                              root / "ds31-tokenizer"))), True)
+    rows["DeepSeek-V3.2-style MTP (indexer, CacheList caches; mlx-lm's Python encoder, DSML calls)"] = (
+        str(standins.build("deepseek_v32", root / "deepseek_v32", standins.family_tokenizer("deepseek_v32",
+                                                                                             root / "ds32-tokenizer"))), True)
     gptoss = standins.family_tokenizer("gptoss", root / "gptoss-tokenizer")
     harmony = {t["content"]: t["id"] for t in json.loads((gptoss / "tokenizer.json").read_text())["added_tokens"]}
     rows["gpt-oss (MLX layout, harmony template and tokens, sliding window + sinks)"] = (str(standins.build(

@@ -139,15 +139,13 @@ def describe(path: Path, name: str | None = None) -> dict:
     if (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()
     template = re.sub(r"\{#.*?#\}", "", template, flags=re.S)  # what it does, not what its comments say
-    if renderer == "deepseek_v32":  # mlx-lm's Python renderer (chat_template.py); what it writes, as template text
-        template = "tools <think> ｜DSML｜function_calls"
     layer_types = text.get("layer_types") or []
     return {
         "name": name or hub_cache.repo_id_of(path) or path.name,
         "path": str(path.resolve()),
         "architecture": config.get("model_type"),
         "layers": text.get("num_hidden_layers"),
-        "recurrent_layers": sum(1 for t in layer_types if t == "linear_attention")
+        "recurrent_layers": sum(1 for t in layer_types if t in ("linear_attention", "conv", "mamba"))
         or (text.get("num_hidden_layers", 0) - text.get("num_hidden_layers", 0) // text["full_attention_interval"]
             if "full_attention_interval" in text else 0),
         "hidden_size": text.get("hidden_size"),
@@ -159,7 +157,7 @@ def describe(path: Path, name: str | None = None) -> dict:
         "mtp": bool(head) and config.get("model_type") in MTP_FAMILIES,
         "mtp_parameters": count(head),
         "mtp_notice": mtp_notice(config, bool(head), runs_on),
-        "template": {
+        "template": _RENDERERS.get(renderer) or {
             "chat": bool(template),
             "tools": "tools" in template,
             "thinking": "<think>" in template,
@@ -167,6 +165,11 @@ def describe(path: Path, name: str | None = None) -> dict:
             "calls": call_format_named(template),
         },
     }
+
+
+# mlx-lm's Python chat encoders (a tokenizer config's chat_template_type; mtplx/chat_template.py):
+# no text to read, so what each one renders is stated here
+_RENDERERS = {"deepseek_v32": {"chat": True, "tools": True, "thinking": True, "enable_thinking": True, "calls": "dsml"}}
 
 
 def call_format_named(template: str) -> str | None:

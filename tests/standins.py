@@ -67,6 +67,12 @@ def config_for(kind: str, vocab: int) -> dict:
                     block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True, block_ff_dim=128,
                     full_attn_idxs=[1, 3], layer_types=["conv", "full_attention", "conv", "full_attention"],
                     rope_theta=1e6, tie_word_embeddings=True, torch_dtype="bfloat16")
+    if kind == "falcon_h1":  # Mamba-2 and attention side by side in every layer: a CacheList(ArraysCache, KVCache)
+        return dict(model_type="falcon_h1", architectures=["FalconH1ForCausalLM"], vocab_size=vocab, hidden_size=64,
+                    head_dim=32, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                    num_hidden_layers=2, mamba_d_ssm=128, mamba_d_state=16, mamba_n_heads=4, mamba_d_head=32,
+                    mamba_chunk_size=32, mamba_d_conv=4, mamba_expand=2, mamba_n_groups=1, max_position_embeddings=4096,
+                    rope_theta=1e6, tie_word_embeddings=True, torch_dtype="bfloat16")
     if kind == "llama":
         return dict(dense, model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=500000.0,
                     hidden_act="silu", torch_dtype="bfloat16")

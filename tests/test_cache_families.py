@@ -6,6 +6,8 @@
 - DeepSeek-V3.2 (and GLM-5, which runs on its class): each layer's cache is a CacheList of the
   latent KV and the sparse-attention indexer's keys. The bank could not snapshot it: every commit
   failed ("cannot snapshot cache layer of type CacheList") and nothing was ever reused.
+- Falcon-H1: a CacheList of a Mamba-2 state and attention KV in every layer (both kinds at once:
+  recurrent checkpoints and snapshots must line up cache by cache).
 
 On stand-ins in each layout, the next turn restores most of its history, the greedy reply equals
 the cold engine's token for token, and the state comes back from the SSD tier after a restart.
@@ -49,7 +51,7 @@ def _standin(kind, root):
     return standins.build(kind, root / "model", tok)
 
 
-@pytest.fixture(scope="module", params=["lfm2", "deepseek_v32"])
+@pytest.fixture(scope="module", params=["lfm2", "deepseek_v32", "falcon_h1"])
 def model(request, tmp_path_factory):
     return _standin(request.param, tmp_path_factory.mktemp(request.param))
 
@@ -89,7 +91,7 @@ def test_the_next_turn_restores_and_equals_cold(model, tmp_path):
         engine.stop()
 
 
-@pytest.mark.parametrize("kind", ["lfm2", "deepseek_v32", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["lfm2", "deepseek_v32", "falcon_h1", "gpt_oss"])
 def test_stepping_aside_mid_chunk_leaves_the_state_of_an_uninterrupted_prefill(kind, tmp_path):
     engine = Engine(_standin(kind, tmp_path), EngineConfig()).start()
     prompt = tuple(engine.checkpoint.tokenizer.apply_chat_template(
