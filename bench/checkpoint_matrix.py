@@ -55,6 +55,10 @@ def build(root: Path) -> dict:
         rows[f"{label} HF"] = (str(hf), True)
         rows[f"{label} `mtplx convert` 4-bit + head"] = (str(root / f"{kind}-convert"), True)
     rows["DeepSeek-V3-style MTP (model.layers.N)"] = (str(standins.build("deepseek_v3", root / "deepseek_v3", tiny)), True)
+    rows["GLM-4.5-style MTP (GQA + partial RoPE, MoE, model.layers.N)"] = (
+        str(standins.build("glm4_moe", root / "glm4_moe", tiny)), True)
+    rows["GLM-4.7-Flash-style MTP (MLA, MoE, model.layers.N)"] = (
+        str(standins.build("glm4_moe_lite", root / "glm4_moe_lite", tiny)), True)
     rows["Llama (eos list in generation_config)"] = (str(standins.build(
         "llama", root / "llama", tiny, generation_config={"eos_token_id": [2, 7]})), False)
     llama3 = standins.llama3_tokenizer(root / "llama3-tokenizer")

@@ -60,6 +60,15 @@ def config_for(kind: str, vocab: int) -> dict:
     if kind == "deepseek_v32":  # V3's layout plus the sparse-attention indexer (a small top-k, so it selects)
         return dict(config_for("deepseek_v3", vocab), model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"],
                     index_head_dim=16, index_n_heads=2, index_topk=32)
+    if kind == "glm4_moe":  # GLM-4.5 / 4.6 / 4.7: GQA with partial RoPE and biases, MoE, MTP layer at model.layers.N
+        return dict(dense, model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"], moe_intermediate_size=32,
+                    norm_topk_prob=True, n_group=1, topk_group=1, n_shared_experts=1, n_routed_experts=4,
+                    routed_scaling_factor=2.5, num_experts_per_tok=2, first_k_dense_replace=1, use_qk_norm=False,
+                    attention_bias=True, partial_rotary_factor=0.5, rope_scaling=None, rope_theta=1e6,
+                    num_nextn_predict_layers=1, torch_dtype="float32")
+    if kind == "glm4_moe_lite":  # GLM-4.7-Flash: DeepSeek's MLA and MoE under GLM's name
+        return dict(config_for("deepseek_v3", vocab), model_type="glm4_moe_lite", architectures=["Glm4MoeLiteForCausalLM"],
+                    partial_rotary_factor=1.0)
     if kind == "lfm2":  # Liquid's hybrid: short-convolution layers (recurrent state) between attention layers
         return dict(model_type="lfm2", architectures=["Lfm2ForCausalLM"], vocab_size=vocab, hidden_size=64,
                     num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
@@ -160,7 +169,7 @@ def hf_weights(kind: str, config: dict, trunk: dict, head: dict) -> dict:
     if kind == "qwen3_next":
         return _unstack(_hf_conv_and_norms(trunk, head=False)) | {f"mtp.{k}": v for k, v in
                                                                   _unstack(_hf_conv_and_norms(head, head=True)).items()}
-    if kind in ("deepseek_v3", "deepseek_v32"):
+    if kind in ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite"):
         n = config["num_hidden_layers"]
         out = _deepseek_kv_b(_unstack(trunk), config)
         names = {"pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "fc": "eh_proj", "norm": "shared_head.norm"}

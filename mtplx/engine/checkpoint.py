@@ -217,7 +217,7 @@ def load_head(trunk: Trunk, path: Path):
     model, model_type, weights = trunk.model, trunk.config["model_type"], trunk.head_weights
     text_args = getattr(_text_model(model), "args", None) or model.args
     try:
-        if model_type in heads.DEEPSEEK and trunk.sanitize is not None:
+        if model_type in heads.LAYER_N and trunk.sanitize is not None:
             # The architecture's own sanitize converts the head (fp8 dequantisation, kv_b_proj
             # split, expert stacking), run on its tensors renamed as if they were trunk layer 0's.
             at, own = "model.layers.0.", "model.layers.0.mtp_head."

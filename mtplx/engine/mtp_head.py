@@ -5,9 +5,9 @@ predicts token t+2 through one decoder layer of the model's own architecture. It
 state can be fed back in with the next drafted token, which is how drafts deeper than one are
 chained. Embeddings and the output projection are shared with the trunk.
 
-DeepSeek-V3 stores the same module as an extra trunk layer, `model.layers.N.*` (N =
-num_hidden_layers): enorm / hnorm / eh_proj / shared_head.norm map onto the names below, and its
-copies of the embedding and LM head are dropped (they equal the trunk's). DeepSeek-V3.2's layer
+DeepSeek-V3 (and GLM-4.5 and later) store the same module as an extra trunk layer,
+`model.layers.N.*` (N = num_hidden_layers): enorm / hnorm / eh_proj / shared_head.norm map onto the
+names below, and its copies of the embedding and LM head are dropped (they equal the trunk's). DeepSeek-V3.2's layer
 adds a sparse-attention indexer; the head here attends densely (a V3 layer, its indexer weights
 dropped). Up to the indexer's top-k (2,048 keys in V3.2) that is the same attention; past it the
 drafts may differ from the trained head's, never the output: the trunk verifies every draft.
@@ -27,8 +27,13 @@ from mlx_lm.models.base import create_attention_mask
 
 # Families whose RMSNorm computes x * (1 + w) in the Hugging Face files; mlx-lm stores 1 + w.
 ZERO_CENTRED = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-# Families whose MTP module is trunk layer N (DeepSeek's layout) and whose attention is MLA.
-DEEPSEEK = ("deepseek_v3", "deepseek_v32")
+# Families whose MTP module is trunk layer N in DeepSeek's layout (enorm / hnorm / eh_proj /
+# shared_head): model_type -> (mlx-lm module, its decoder layer class, whether that layer's attention
+# takes an array mask, as MLA does). GLM-4.5 / 4.6 / 4.7 and GLM-4.7-Flash ship theirs this way.
+LAYER_N = {"deepseek_v3": ("deepseek_v3", "DeepseekV3DecoderLayer", True),
+           "deepseek_v32": ("deepseek_v3", "DeepseekV3DecoderLayer", True),  # dense attention (the note above)
+           "glm4_moe": ("glm4_moe", "DecoderLayer", False),
+           "glm4_moe_lite": ("glm4_moe_lite", "Glm4MoeLiteDecoderLayer", True)}
 _DEEPSEEK = {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "eh_proj": "fc",
              "shared_head.norm": "norm"}
 
@@ -100,14 +105,16 @@ def build_mtp_head(model_type: str, args, text_args) -> MTPHead:
         from mlx_lm.models.qwen3_next import Qwen3NextDecoderLayer
 
         block = Qwen3NextDecoderLayer(text_args, layer_idx=text_args.full_attention_interval - 1)
-    elif model_type in DEEPSEEK:  # V3.2's layer too, without its indexer (see the module's note)
-        from mlx_lm.models.deepseek_v3 import DeepseekV3DecoderLayer
+    elif model_type in LAYER_N:  # V3.2's layer too, without its indexer (see the module's note)
+        import importlib
 
-        block = DeepseekV3DecoderLayer(text_args, text_args.num_hidden_layers)
+        module, layer, _ = LAYER_N[model_type]
+        block = getattr(importlib.import_module(f"mlx_lm.models.{module}"), layer)(text_args, text_args.num_hidden_layers)
     else:
         raise ValueError(f"MTP weights for model_type {model_type!r} are not supported "
-                         "(qwen3, qwen3_5, qwen3_5_moe, qwen3_next, deepseek_v3, deepseek_v32 are)")
-    return MTPHead(block, text_args.hidden_size, text_args.rms_norm_eps, array_mask=model_type in DEEPSEEK)
+                         f"(qwen3, qwen3_5, qwen3_5_moe, qwen3_next, {', '.join(LAYER_N)} are)")
+    return MTPHead(block, text_args.hidden_size, text_args.rms_norm_eps,
+                   array_mask=model_type in LAYER_N and LAYER_N[model_type][2])
 
 
 def split_mtp_weights(weights: dict, model_type: str, num_hidden_layers: int) -> tuple[dict, dict]:
@@ -118,7 +125,7 @@ def split_mtp_weights(weights: dict, model_type: str, num_hidden_layers: int) ->
         if key.startswith("mtp.") or ".mtp." in key:
             head[key.split("mtp.", 1)[1]] = value
             continue
-        found = extra.match(key) if model_type in DEEPSEEK else None
+        found = extra.match(key) if model_type in LAYER_N else None
         if found and int(found.group(1)) >= num_hidden_layers:
             if int(found.group(1)) == num_hidden_layers:  # only the first MTP module drafts
                 name = found.group(2)
