@@ -98,7 +98,7 @@ def test_checkpoints_inside_one_forward_equal_forwards_that_end_there(hybrid_eng
         pieces, begin = [], 5
         for stop in stops:
             pieces.append(runner.hidden(tokens[begin:5 + stop], split))
-            want = snapshot.recurrent_arrays(split)
+            want = snapshot.checkpoint_arrays(split)
             for got, ref in zip(kept[stop], want):
                 assert (got is None) == (ref is None)
                 assert got is None or all(close(g, r) for g, r in zip(got, ref))
