@@ -147,6 +147,7 @@ def describe(path: Path, name: str | None = None) -> dict:
         "architecture": config.get("model_type"),
         "layers": text.get("num_hidden_layers"),
         "recurrent_layers": sum(1 for t in layer_types if t in ("linear_attention", "conv", "mamba"))
+        or str(text.get("hybrid_override_pattern") or "").count("M")  # Nemotron-H's block pattern
         or (text.get("num_hidden_layers", 0) - text.get("num_hidden_layers", 0) // text["full_attention_interval"]
             if "full_attention_interval" in text else 0),
         "hidden_size": text.get("hidden_size"),

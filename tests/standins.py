@@ -82,6 +82,13 @@ def config_for(kind: str, vocab: int) -> dict:
                     num_hidden_layers=2, mamba_d_ssm=128, mamba_d_state=16, mamba_n_heads=4, mamba_d_head=32,
                     mamba_chunk_size=32, mamba_d_conv=4, mamba_expand=2, mamba_n_groups=1, max_position_embeddings=4096,
                     rope_theta=1e6, tie_word_embeddings=True, torch_dtype="bfloat16")
+    if kind == "nemotron_h":  # NVIDIA's Mamba-2 hybrid: Mamba, attention and MLP blocks by a pattern
+        return dict(model_type="nemotron_h", architectures=["NemotronHForCausalLM"], vocab_size=vocab, hidden_size=64,
+                    intermediate_size=128, max_position_embeddings=4096, num_attention_heads=2, num_key_value_heads=1,
+                    head_dim=32, attention_bias=False, mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False,
+                    ssm_state_size=16, conv_kernel=4, n_groups=1, mlp_bias=False, layer_norm_epsilon=1e-5,
+                    use_bias=False, use_conv_bias=True, hybrid_override_pattern="M*M-", num_hidden_layers=4,
+                    rope_theta=10000.0, tie_word_embeddings=False, torch_dtype="bfloat16")
     if kind == "llama":
         return dict(dense, model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=500000.0,
                     hidden_act="silu", torch_dtype="bfloat16")

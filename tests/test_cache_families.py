@@ -8,6 +8,8 @@
   failed ("cannot snapshot cache layer of type CacheList") and nothing was ever reused.
 - Falcon-H1: a CacheList of a Mamba-2 state and attention KV in every layer (both kinds at once:
   recurrent checkpoints and snapshots must line up cache by cache).
+- Nemotron-H (NVIDIA's Mamba-2 hybrids): its mlx-lm class keeps the text model under `.backbone`
+  with `.embeddings`, so mtplx refused to load it at all.
 
 On stand-ins in each layout, the next turn restores most of its history, the greedy reply equals
 the cold engine's token for token, and the state comes back from the SSD tier after a restart.
@@ -51,7 +53,7 @@ def _standin(kind, root):
     return standins.build(kind, root / "model", tok)
 
 
-@pytest.fixture(scope="module", params=["lfm2", "deepseek_v32", "falcon_h1"])
+@pytest.fixture(scope="module", params=["lfm2", "deepseek_v32", "falcon_h1", "nemotron_h"])
 def model(request, tmp_path_factory):
     return _standin(request.param, tmp_path_factory.mktemp(request.param))
 

@@ -187,13 +187,31 @@ def load_checkpoint(path: Path, name: str | None = None, shard=None) -> Checkpoi
                       tool_format=tool_formats.detect(tokenizer))
 
 
-def _text_model(model):
+# Names mlx-lm's text models give their token embedding.
+_EMBEDDINGS = ("embed_tokens", "wte", "tok_embeddings", "embed_in", "word_embeddings", "embeddings")
+
+
+def text_outer(model):
+    """The causal LM: a multimodal wrapper (Gemma 3, Qwen3.5) holds it under `.language_model`."""
     return getattr(model, "language_model", model)
+
+
+def text_inner(model):
+    """The text model returning post-norm hidden states: mlx-lm's `.model`, or `.backbone` in its
+    Mamba-family classes (Nemotron-H, Mamba)."""
+    outer = text_outer(model)
+    return getattr(outer, "model", None) or getattr(outer, "backbone", None)
+
+
+def text_embedding(model):
+    """The text model's token embedding, or None."""
+    inner = text_inner(model)
+    return next((getattr(inner, n) for n in _EMBEDDINGS if hasattr(inner, n)), None)
 
 
 def _float_dtype(model):
     """The trunk's compute dtype: the embedding's, or its scales' when the embedding is quantized."""
-    embed = _text_model(model).model.embed_tokens
+    embed = text_embedding(model)
     return embed.scales.dtype if hasattr(embed, "scales") else embed.weight.dtype
 
 
@@ -215,7 +233,7 @@ def load_head(trunk: Trunk, path: Path):
     from mtplx.engine import mtp_head as heads
 
     model, model_type, weights = trunk.model, trunk.config["model_type"], trunk.head_weights
-    text_args = getattr(_text_model(model), "args", None) or model.args
+    text_args = getattr(text_outer(model), "args", None) or model.args
     try:
         if model_type in heads.LAYER_N and trunk.sanitize is not None:
             # The architecture's own sanitize converts the head (fp8 dequantisation, kv_b_proj

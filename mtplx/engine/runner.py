@@ -13,13 +13,11 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mtplx.engine import compiled, gdn_capture, preemption
-from mtplx.engine.checkpoint import Checkpoint
+from mtplx.engine.checkpoint import Checkpoint, text_embedding, text_inner, text_outer
 from mtplx.engine.compute import blas_threads
 from mtplx.errors import ModelLoadError
 from mtplx.state import cache_layers
 
-# Names mlx-lm's text models give their token embedding.
-_EMBEDDINGS = ("embed_tokens", "wte", "tok_embeddings", "embed_in", "word_embeddings")
 
 
 class ModelRunner:
@@ -27,11 +25,8 @@ class ModelRunner:
         self.checkpoint = checkpoint
         self.model = checkpoint.model
         self.mtp = checkpoint.mtp
-        # mlx-lm models expose `.model` (the text model, returning post-norm hidden states); a
-        # multimodal wrapper (Gemma 3, Qwen3.5) holds it under `.language_model`.
-        outer = getattr(self.model, "language_model", self.model)
-        self.inner = getattr(outer, "model", None)
-        self.embedding = next((getattr(self.inner, n) for n in _EMBEDDINGS if hasattr(self.inner, n)), None)
+        outer = text_outer(self.model)
+        self.inner, self.embedding = text_inner(self.model), text_embedding(self.model)
         if self.embedding is None:
             raise ModelLoadError(f"{checkpoint.path}: mtplx cannot run model_type {checkpoint.model_type!r}: its mlx-lm "
                                  "class has no `.model` text model with a token embedding to compute hidden states")
