@@ -51,8 +51,9 @@ def kind_of(header: str) -> tuple[str, str | None]:
 class HarmonyReply:
     """Splits a harmony reply's text, fed as it is decoded, into pieces."""
 
-    def __init__(self, tools: list | None = None):
-        self.tools = tools
+    def __init__(self, tools: list | None = None, calls: bool = True):
+        """`calls` False (tool_choice none): a message to a tool is shown as content, not read as a call."""
+        self.tools, self.calls = tools, calls
         self.mode = "header"  # the reply starts right after the prompt's `<|start|>assistant`
         self.header = ""
         self.kind, self.name = "content", None
@@ -104,7 +105,7 @@ class HarmonyReply:
 
     def _end_message(self, out: list[Piece]) -> None:
         if self.kind == "tool_call":
-            out.append(self._call())
+            out.append(self._call() if self.calls else Piece("content", f"to={self.name}: {self.body.strip()}"))
         self.mode, self.header, self.body = "header", "", ""
 
     def _call(self) -> Piece:

@@ -55,12 +55,14 @@ class SegmentText:
 
 
 class ReplyStream:
-    def __init__(self, in_reasoning: bool = False, tool_format: ToolFormat | None = None, tools: list | None = None):
+    def __init__(self, in_reasoning: bool = False, tool_format: ToolFormat | None = None, tools: list | None = None,
+                 calls: bool = True):
         """`tool_format`: the model's (Checkpoint.tool_format), default the `<tool_call>` family;
-        `tools`: the request's tool schemas, which type XML parameter values."""
+        `tools`: the request's tool schemas, which type XML parameter values; `calls` False: no
+        call is read (tool_choice none), its text is content."""
         self.format = tool_format or TAGGED
         self.tools = tools
-        self.open, self.close = self.format.start, self.format.end
+        self.open, self.close = (self.format.start, self.format.end) if calls else ("", "")
         self.tags = tuple(t for t in (THINK_OPEN, THINK_CLOSE, self.open, self.close) if t)
         self.mode = "reasoning" if in_reasoning else "content"
         self.buffer = ""
@@ -72,7 +74,7 @@ class ReplyStream:
         self.segment_text = SegmentText(fresh=in_reasoning)
         # A format whose call is the reply itself (Llama's bare JSON): until the reply's first
         # visible character says whether it opens a call ("{"), its leading whitespace waits.
-        self.undecided = self.format.body == "bare" and not in_reasoning
+        self.undecided = calls and self.format.body == "bare" and not in_reasoning
         self.bare_call = False  # the call being read opened with "{", not with the format's tag
 
     def feed(self, text: str, final: bool = False) -> list[Piece]:

@@ -78,11 +78,11 @@ class Generation:
             self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags, call_format.markup,
                                      lambda text: harmony.visible_mask(text, HIDDEN))
             self.segments = harmony.HarmonySegments(tokenizer)
-            self.reply = harmony.HarmonyReply(tools)
+            self.reply = harmony.HarmonyReply(tools, calls=request.calls)
         else:
             self.stream = TextStream(tokenizer, self.params.stop, in_reasoning, call_tags, call_format.markup)
             self.segments = SegmentTracker(tokenizer, start_in_reasoning=in_reasoning, call_tags=call_tags)
-            self.reply = ReplyStream(in_reasoning, call_format, tools)
+            self.reply = ReplyStream(in_reasoning, call_format, tools, calls=request.calls)
         self.pieces: list[Piece] = []
         self.stats = GenerationStats(mode="mtp" if self.use_mtp else "ar", depth=depth if self.use_mtp else 0,
                                      prompt_tokens=len(request.prompt))

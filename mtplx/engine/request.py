@@ -30,6 +30,10 @@ class GenerationRequest:
     output_rule: object | None = None  # the reply held to a JSON schema (engine/output_rule.OutputRule)
     reasoning_rule: object | None = None  # the reasoning capped (engine/reasoning_budget.ReasoningBudget)
     call_rule: object | None = None  # an open tool call held to the request's tools (engine/call_rule.CallRule)
+    # False: the request's tool_choice is none. Where the format cannot be steered away from a call
+    # (gpt-oss, Llama 3.x, DSML, ...: no single opening token), one the model writes anyway reaches
+    # the client as text, never as a call it did not allow.
+    calls: bool = True
     prediction: tuple[int, ...] = ()  # the predicted output's ids, drafts where the reply follows it
     # Score the prompt: each prompt token's log-probability given the ones before it, with this many
     # alternatives (legacy completions' echo + logprobs). Every position is computed: no restore.

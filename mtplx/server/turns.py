@@ -150,6 +150,7 @@ def submit(engine, call: ChatCall, prompt: list[int], source: str, session: str 
                                    session=session, source=source,
                                    tool_rule=rule, output_rule=output_rule, reasoning_rule=reasoning_rule, raw=text,
                                    call_rule=rules.call_rule(call) if rules else None,
+                                   calls=call.tool_choice.mode != "none",
                                    prediction=call.prediction_ids, prefill_only=call.prefill_only)
         else:  # a text completion: a prompt, no chat
             request = GenerationRequest(tuple(prompt), budget.sampling, session=session, source=source, raw=text,
