@@ -3,8 +3,9 @@ parameters), which mlx-lm has no parser for, and a chat template that is mlx-lm'
 (the tokenizer config's `chat_template_type`), not Jinja. Before: the V3 call tokens still in the
 vocabulary made mtplx read V3.1's format, so no V3.2 call ever parsed; rendering passed the encoder
 variables it does not take (`return_dict`, a request's `reasoning_effort`), a TypeError on every
-chat request; the server answered 400 "no chat template"; and tools reached the model only when
-the request had a system message (the encoder writes them after one)."""
+chat request; the server answered 400 "no chat template"; tools reached the model only when the
+request had a system message (the encoder writes them after one); and the bank found no turn
+structure (the encoder refused its probes), so no turn had a reuse ceiling."""
 
 from __future__ import annotations
 
@@ -91,7 +92,11 @@ def test_a_v3_2_checkpoint_serves_chat_with_tools(v32):
     from mtplx.server.app import create_app
 
     assert describe(v32)["template"]["calls"] == "dsml"
+    from mtplx.events import Restored
+
     engine = Engine(v32, EngineConfig(chunk_size=64, depth=2), name="v32", bank=BankConfig()).start()
+    seen = []
+    engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
     chat = [{"role": "user", "content": "Read a.py and tell me what it does. " * 4}]
     try:
         assert engine.checkpoint.tool_format is DSML_FORMAT and engine.has_mtp
@@ -108,5 +113,8 @@ def test_a_v3_2_checkpoint_serves_chat_with_tools(v32):
             r = client.post("/v1/chat/completions", json={"messages": history, "tools": TOOLS, "max_tokens": 4, "temperature": 0})
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 100
+            # the bank reads the encoder's turn structure (its probes rendered with reasoning off:
+            # in reasoning mode it refuses a probe's reply): the turn's reuse ceiling is known
+            assert seen[-1].ceiling and seen[-1].ceiling > 100, seen[-1]
     finally:
         engine.stop()

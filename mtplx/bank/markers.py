@@ -74,8 +74,15 @@ def chatml(tokenizer) -> Markers:
 def _text(tokenizer, messages, **kwargs) -> str:
     from mtplx import chat_template
 
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
-                                         **chat_template.variables(tokenizer, kwargs))
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
+                                             **chat_template.variables(tokenizer, kwargs))
+    except Exception:
+        if "enable_thinking" in kwargs:
+            raise
+        # DeepSeek-V3.2's encoder, reasoning by default, refuses a reply after the last user message
+        # that carries no reasoning (a probe's): its turn structure is the same with reasoning off.
+        return _text(tokenizer, messages, enable_thinking=False, **kwargs)
 
 
 def _specials(tokenizer) -> dict[str, int]:
