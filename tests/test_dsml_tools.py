@@ -10,6 +10,7 @@ structure (the encoder refused its probes), so no turn had a reuse ceiling."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -116,5 +117,33 @@ def test_a_v3_2_checkpoint_serves_chat_with_tools(v32):
             # the bank reads the encoder's turn structure (its probes rendered with reasoning off:
             # in reasoning mode it refuses a probe's reply): the turn's reuse ceiling is known
             assert seen[-1].ceiling and seen[-1].ceiling > 100, seen[-1]
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("client", ["claude", "codex", "opencode", "pi", "qwen"])
+def test_real_clients_requests_render_through_the_v3_2_encoder(v32, client):
+    """Every request recorded from a real agent CLI (tests/fixtures/clients/: their system
+    prompts, tools, thinking settings, tool results, streamed or not) renders through mlx-lm's
+    V3.2 encoder and is served (output capped: the stand-in's weights are random and would write
+    until max_tokens)."""
+    from fastapi.testclient import TestClient
+
+    from mtplx.engine.engine import Engine, EngineConfig
+    from mtplx.server.app import create_app
+
+    fixtures = sorted((Path(__file__).parent / "fixtures" / "clients" / client).glob("*.json"))
+    engine = Engine(v32, EngineConfig(chunk_size=512, context_window=65536, use_mtp=False), name="v32").start()
+    try:
+        with TestClient(create_app(engine, "v32")) as http:
+            for path in fixtures:
+                recorded = json.loads(path.read_text())
+                cap = {"max_output_tokens": 4} if recorded["path"].endswith("responses") else {"max_tokens": 4}
+                body = {**recorded["body"], **cap}
+                body.pop("previous_response_id", None)  # a recorded id this server never gave
+                body.pop("max_completion_tokens", None)
+                r = http.post(recorded["path"], json=body, headers=recorded["headers"])
+                assert r.status_code == 200, (path.name, r.text[:400])
+                assert '"error":{' not in r.text.replace(" ", "") and "response.failed" not in r.text, (path.name, r.text[-400:])
     finally:
         engine.stop()
