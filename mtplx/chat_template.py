@@ -9,6 +9,7 @@ them), and `identity` names it for caches keyed by the template.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import sys
@@ -64,6 +65,7 @@ def variables(tokenizer, kwargs: dict) -> dict:
     return kwargs if accepted is None else {k: v for k, v in kwargs.items() if k in accepted or k in _WRAPPER}
 
 
+@functools.lru_cache(maxsize=8)  # asked on every render
 def _accepted(fn) -> frozenset | None:
     """The keyword arguments `fn` takes; through `**kwargs` to its module's `encode_messages` (how
     mlx-lm's renderers forward them); None when it takes any."""

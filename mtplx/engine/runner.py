@@ -19,7 +19,6 @@ from mtplx.errors import ModelLoadError
 from mtplx.state import cache_layers
 
 
-
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint):
         self.checkpoint = checkpoint
