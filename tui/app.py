@@ -179,6 +179,8 @@ class MtplxApp(App):
         self.open_turn(message.record)
 
     def on_engine_event_arrived(self, message: EngineEventArrived) -> None:
+        if not self.dashboard.is_attached:  # quitting while a turn streams: no screen to show it on
+            return
         event = message.event
         if isinstance(event, BankDecision):
             if event.action == "ssd_failed" and not self._ssd_warned:  # once per outage, not per entry
