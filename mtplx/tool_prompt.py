@@ -118,8 +118,8 @@ def _renders_tools(tokenizer) -> str:
         try:
             bare = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
             with_tool = tokenizer.apply_chat_template(chat, tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False)
-        except Exception:  # a template that cannot render this probe: leave its requests as they are
-            return YES
+        except Exception:  # a template that cannot render this probe: as it answered the one before
+            return YES if answer == YES else NO
         if bare != with_tool:
             return answer
     return NO
