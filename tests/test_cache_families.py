@@ -30,18 +30,13 @@ import pytest
 import standins
 from mtplx.bank.bank import BankConfig
 from mtplx.bank.ssd import SsdConfig
-from mtplx.chat import chat_request
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.generation import Generation, StartPoint
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Restored
 from mtplx.state import snapshot
-
-FIRST = [{"role": "system", "content": "You are a careful agent in a repository. " * 25},
-         {"role": "user", "content": "Explain the layout of this repository, please. " * 8}]
-SECOND = FIRST + [{"role": "assistant", "content": "It has src, tests and docs."},
-                  {"role": "user", "content": "What is in docs?"}]
+from test_window_restore import FIRST, SECOND, _run  # the same two-turn conversation
 
 
 def _standin(kind, root):
@@ -56,12 +51,6 @@ def _standin(kind, root):
 @pytest.fixture(scope="module", params=["lfm2", "deepseek_v32", "falcon_h1", "nemotron_h"])
 def model(request, tmp_path_factory):
     return _standin(request.param, tmp_path_factory.mktemp(request.param))
-
-
-def _run(engine, messages):
-    request = chat_request(engine.checkpoint.tokenizer, messages, session="s",
-                           sampling=SamplingParams(max_tokens=12, temperature=0))
-    return engine.submit(request).result()
 
 
 def test_the_next_turn_restores_and_equals_cold(model, tmp_path):
