@@ -59,6 +59,8 @@ def build(root: Path) -> dict:
         str(standins.build("glm4_moe", root / "glm4_moe", tiny)), True)
     rows["GLM-4.7-Flash-style MTP (MLA, MoE, model.layers.N)"] = (
         str(standins.build("glm4_moe_lite", root / "glm4_moe_lite", tiny)), True)
+    rows["GLM-5-style MTP (glm_moe_dsa: V3.2's MLA + indexer, CacheList caches)"] = (
+        str(standins.build("glm_moe_dsa", root / "glm_moe_dsa", tiny)), True)
     rows["Llama (eos list in generation_config)"] = (str(standins.build(
         "llama", root / "llama", tiny, generation_config={"eos_token_id": [2, 7]})), False)
     llama3 = standins.llama3_tokenizer(root / "llama3-tokenizer")

@@ -21,7 +21,7 @@ EMBEDDED = ("tiny-dense", "tiny-hybrid")
 
 # The MTP layouts mtplx can load and speculate with (mtplx/engine/mtp_head.py builds them).
 MTP_FAMILIES = ("qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "deepseek_v3", "deepseek_v32", "glm4_moe",
-                "glm4_moe_lite")
+                "glm4_moe_lite", "glm_moe_dsa")
 
 
 def resolve(name_or_path: str | Path) -> Path:

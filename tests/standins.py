@@ -60,6 +60,9 @@ def config_for(kind: str, vocab: int) -> dict:
     if kind == "deepseek_v32":  # V3's layout plus the sparse-attention indexer (a small top-k, so it selects)
         return dict(config_for("deepseek_v3", vocab), model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"],
                     index_head_dim=16, index_n_heads=2, index_topk=32)
+    if kind == "glm_moe_dsa":  # GLM-5: DeepSeek-V3.2's architecture (MLA + indexer) under GLM's config keys
+        return dict(config_for("deepseek_v32", vocab), model_type="glm_moe_dsa", architectures=["GlmMoeDsaForCausalLM"],
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, attention_bias=False)
     if kind == "glm4_moe":  # GLM-4.5 / 4.6 / 4.7: GQA with partial RoPE and biases, MoE, MTP layer at model.layers.N
         return dict(dense, model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"], moe_intermediate_size=32,
                     norm_topk_prob=True, n_group=1, topk_group=1, n_shared_experts=1, n_routed_experts=4,
@@ -176,7 +179,7 @@ def hf_weights(kind: str, config: dict, trunk: dict, head: dict) -> dict:
     if kind == "qwen3_next":
         return _unstack(_hf_conv_and_norms(trunk, head=False)) | {f"mtp.{k}": v for k, v in
                                                                   _unstack(_hf_conv_and_norms(head, head=True)).items()}
-    if kind in ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite"):
+    if kind in ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa"):
         n = config["num_hidden_layers"]
         out = _deepseek_kv_b(_unstack(trunk), config)
         names = {"pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "fc": "eh_proj", "norm": "shared_head.norm"}
@@ -184,7 +187,7 @@ def hf_weights(kind: str, config: dict, trunk: dict, head: dict) -> dict:
             first, _, rest = k.partition(".")
             key = rest[len("0."):] if first == "layers" else f"{names[first]}.{rest}"
             out[f"model.layers.{n}.{key}"] = v
-        if kind == "deepseek_v32":  # the real MTP layer carries an indexer too (shapes as a trunk layer's)
+        if kind in ("deepseek_v32", "glm_moe_dsa"):  # the real MTP layer carries an indexer too (shapes as a trunk layer's)
             out.update({k.replace("model.layers.0.", f"model.layers.{n}."): v for k, v in trunk.items()
                         if k.startswith("model.layers.0.self_attn.indexer.")})
         out[f"model.layers.{n}.embed_tokens.weight"] = trunk["model.embed_tokens.weight"]

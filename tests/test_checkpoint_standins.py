@@ -29,7 +29,8 @@ HUB_ID = "mlx-community/Qwen3-standin-4bit"
 ROWS = {
     "qwen3-hf": False, "qwen3-mlx-4bit": False, "hub-id": False, "qwen3_5-hf": True, "qwen3_5-convert": True,
     "qwen3_next-hf": True, "qwen3_next-convert": True, "qwen3_5_moe-hf": True, "qwen3_5_moe-convert": True,
-    "deepseek_v3": True, "deepseek_v32": True, "glm4_moe": True, "glm4_moe_lite": True, "llama": False, "llama3-template": False, "gemma2": False, "gemma3": False,
+    "deepseek_v3": True, "deepseek_v32": True, "glm4_moe": True, "glm4_moe_lite": True, "glm_moe_dsa": True,
+    "llama": False, "llama3-template": False, "gemma2": False, "gemma3": False,
 }
 NEEDS_SHARED = ("qwen3-hf", "qwen3-mlx-4bit", "hub-id")
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
@@ -66,7 +67,7 @@ def built(tmp_path_factory):
     for kind in ("qwen3_5", "qwen3_next", "qwen3_5_moe"):
         _mtplx_convert(out[f"{kind}-hf"], root / f"{kind}-convert", 64 if kind == "qwen3_5" else 32)
         out[f"{kind}-convert"] = root / f"{kind}-convert"
-    for kind in ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite"):
+    for kind in ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa"):
         out[kind] = standins.build(kind, root / kind, TINY_TOKENIZER)
     out["llama"] = standins.build("llama", root / "llama", TINY_TOKENIZER,
                                   generation_config={"eos_token_id": [2, 7], "temperature": 0.6, "top_p": 0.9})
@@ -227,7 +228,7 @@ def test_tui_opens_and_chats(built, engines, row):
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe", "qwen3_next", "deepseek_v3", "deepseek_v32", "glm4_moe",
-                                  "glm4_moe_lite"])
+                                  "glm4_moe_lite", "glm_moe_dsa"])
 def test_head_loads_exactly_the_files_weights(tmp_path, kind):
     """The head in HF layout (zero-centred norms, per-expert or fused experts, DeepSeek's
     model.layers.N with kv_b_proj; V3.2's indexer in the file, dropped) loads as the very
@@ -493,7 +494,7 @@ def test_gemma3_real_template_refuses_tool_turns_with_a_clean_400(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["tiny-dense", "tiny-hybrid", "qwen3_5_moe", "qwen3_next", "deepseek_v3", "deepseek_v32",
-                                  "glm4_moe", "glm4_moe_lite"])
+                                  "glm4_moe", "glm4_moe_lite", "glm_moe_dsa"])
 def test_head_cache_over_a_prompt_is_keys_only_and_exact(tmp_path, kind):
     """Over prompt pairs the head runs only as far as its keys and values (MTPHead.extend); the
     cache it leaves equals a full forward's bit for bit, so every later draft is the same. MLA

@@ -33,7 +33,8 @@ ZERO_CENTRED = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 LAYER_N = {"deepseek_v3": ("deepseek_v3", "DeepseekV3DecoderLayer", True),
            "deepseek_v32": ("deepseek_v3", "DeepseekV3DecoderLayer", True),  # dense attention (the note above)
            "glm4_moe": ("glm4_moe", "DecoderLayer", False),
-           "glm4_moe_lite": ("glm4_moe_lite", "Glm4MoeLiteDecoderLayer", True)}
+           "glm4_moe_lite": ("glm4_moe_lite", "Glm4MoeLiteDecoderLayer", True),
+           "glm_moe_dsa": ("deepseek_v3", "DeepseekV3DecoderLayer", True)}  # GLM-5: V3.2's architecture
 _DEEPSEEK = {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "eh_proj": "fc",
              "shared_head.norm": "norm"}
 
