@@ -28,15 +28,12 @@ import numpy as np
 import pytest
 
 import standins
-from mtplx.bank.bank import BankConfig
-from mtplx.bank.ssd import SsdConfig
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.generation import Generation, StartPoint
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import Restored
 from mtplx.state import snapshot
-from test_window_restore import FIRST, SECOND, _run  # the same two-turn conversation
+from test_window_restore import two_turns_then_restart  # the same two-turn conversation
 
 
 def _standin(kind, root):
@@ -54,32 +51,14 @@ def model(request, tmp_path_factory):
 
 
 def test_the_next_turn_restores_and_equals_cold(model, tmp_path):
-    cold = Engine(model, EngineConfig(chunk_size=64)).start()
-    try:
-        expected = [_run(cold, FIRST).token_ids, _run(cold, SECOND).token_ids]
-    finally:
-        cold.stop()
-
-    def warm():
-        return Engine(model, EngineConfig(chunk_size=64), bank=BankConfig(),
-                      ssd=SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=0)).start()
-
-    engine, seen = warm(), []
-    engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
-    try:
-        first = _run(engine, FIRST)
-        second = _run(engine, SECOND)
-        assert [first.token_ids, second.token_ids] == expected  # restored == cold
-        assert seen[-1].source == "ram" and seen[-1].cached_tokens > 0.8 * first.prompt_tokens, seen[-1]
-    finally:
-        engine.stop()
-    engine, seen = warm(), []  # a restart: the state comes back from the SSD tier
-    engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
-    try:
-        assert _run(engine, SECOND).token_ids == expected[1]
-        assert seen[-1].source == "ssd" and seen[-1].cached_tokens == second.prompt_tokens - 1, seen[-1]
-    finally:
-        engine.stop()
+    run = two_turns_then_restart(model, tmp_path)
+    first, second, restored = run["first"], run["second"], run["restored"]
+    assert [first.token_ids, second.token_ids] == run["cold"]  # restored == cold
+    assert restored.source == "ram" and restored.cached_tokens > 0.8 * first.prompt_tokens, restored
+    # a restart: the state comes back from the SSD tier
+    again = run["again_restored"]
+    assert run["again"] == run["cold"][1]
+    assert again.source == "ssd" and again.cached_tokens == second.prompt_tokens - 1, again
 
 
 @pytest.mark.parametrize("kind", ["lfm2", "deepseek_v32", "falcon_h1", "gpt_oss"])

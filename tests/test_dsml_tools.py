@@ -18,6 +18,7 @@ import standins
 from mtplx import chat_template, tool_formats
 from mtplx.reply_stream import ReplyStream
 from mtplx.tool_formats import DSML_FORMAT
+from test_llama_tools import fed  # whole or a few characters at a time
 
 D = "｜DSML｜"
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
@@ -31,13 +32,7 @@ REPLY = (f'Let me look.\n\n<{D}function_calls>\n<{D}invoke name="read_file">\n'
 
 
 def _pieces(text: str, size: int | None = None):
-    stream = ReplyStream(False, DSML_FORMAT, TOOLS)
-    if size is None:
-        return stream.feed(text, final=True)
-    out = []
-    for i in range(0, len(text), size):
-        out += stream.feed(text[i:i + size])
-    return out + stream.feed("", final=True)
+    return fed(ReplyStream(False, DSML_FORMAT, TOOLS), text, size)
 
 
 @pytest.mark.parametrize("size", [None, 1, 5])

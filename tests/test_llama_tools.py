@@ -22,14 +22,18 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
     "additionalProperties": False}}}]
 
 
-def _pieces(text: str, size: int | None = None):
-    stream = ReplyStream(False, LLAMA_JSON, TOOLS)
+def fed(stream, text: str, size: int | None = None):
+    """The pieces of `text` fed to `stream` whole (size None) or `size` characters at a time."""
     if size is None:
         return stream.feed(text, final=True)
     out = []
     for i in range(0, len(text), size):
         out += stream.feed(text[i:i + size])
     return out + stream.feed("", final=True)
+
+
+def _pieces(text: str, size: int | None = None):
+    return fed(ReplyStream(False, LLAMA_JSON, TOOLS), text, size)
 
 
 @pytest.mark.parametrize("size", [None, 1, 4])

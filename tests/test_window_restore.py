@@ -42,37 +42,43 @@ def _run(engine, messages):
     return engine.submit(request).result()
 
 
-def test_the_next_turn_restores_past_the_window_and_equals_cold(model, tmp_path):
+def two_turns_then_restart(model, tmp_path):
+    """The conversation on a cold engine, on a banked one (RAM and an SSD tier), and its second
+    turn again on a new engine over the same SSD directory: {"cold": both turns' ids, "first",
+    "second": the banked turns' results, "restored": the second turn's Restored, "again": the
+    restarted turn's ids, "again_restored": its Restored, "window": the smallest sliding window}."""
     cold = Engine(model, EngineConfig(chunk_size=64)).start()
     try:
-        expected = [_run(cold, FIRST).token_ids, _run(cold, SECOND).token_ids]
+        out = {"cold": [_run(cold, FIRST).token_ids, _run(cold, SECOND).token_ids]}
     finally:
         cold.stop()
+    for key in ("first", "again"):
+        engine, seen = Engine(model, EngineConfig(chunk_size=64), bank=BankConfig(),
+                              ssd=SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=0)).start(), []
+        engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
+        try:
+            if key == "first":
+                out["window"] = min((c.max_size for c in engine.runner.new_trunk_cache() if hasattr(c, "max_size")),
+                                    default=None)
+                out["first"], out["second"] = _run(engine, FIRST), _run(engine, SECOND)
+                out["restored"] = seen[-1]
+            else:
+                out["again"], out["again_restored"] = _run(engine, SECOND).token_ids, seen[-1]
+        finally:
+            engine.stop()
+    return out
 
-    def warm():
-        return Engine(model, EngineConfig(chunk_size=64), bank=BankConfig(),
-                      ssd=SsdConfig(tmp_path, budget_bytes=64 << 20, free_floor_bytes=0)).start()
 
-    engine, seen = warm(), []
-    engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
-    try:
-        assert engine.runner.has_window
-        window = min(c.max_size for c in engine.runner.new_trunk_cache() if hasattr(c, "max_size"))
-        first = _run(engine, FIRST)
-        second = _run(engine, SECOND)
-        assert [first.token_ids, second.token_ids] == expected  # restored == cold
-        restored = seen[-1]
-        assert restored.cached_tokens > 4 * window, restored  # well past the window
-        # at an anchor inside the first turn's prompt: its end state could not be cut back to it
-        assert restored.cached_tokens < first.prompt_tokens, restored
-    finally:
-        engine.stop()
-    engine, seen = warm(), []  # a restart: the checkpoint comes back from the SSD tier
-    engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
-    try:
-        assert _run(engine, SECOND).token_ids == expected[1]
-        # the second turn's entry (prompt + reply, past the window), cut back to the checkpoint at
-        # its prompt's end: the one point a repeat of that prompt can start from
-        assert seen[-1].source == "ssd" and seen[-1].cached_tokens == second.prompt_tokens - 1, seen[-1]
-    finally:
-        engine.stop()
+def test_the_next_turn_restores_past_the_window_and_equals_cold(model, tmp_path):
+    run = two_turns_then_restart(model, tmp_path)
+    first, second, restored, window = run["first"], run["second"], run["restored"], run["window"]
+    assert window is not None
+    assert [first.token_ids, second.token_ids] == run["cold"]  # restored == cold
+    assert restored.cached_tokens > 4 * window, restored  # well past the window
+    # at an anchor inside the first turn's prompt: its end state could not be cut back to it
+    assert restored.cached_tokens < first.prompt_tokens, restored
+    # after a restart, the second turn's entry (prompt + reply, past the window) cut back to the
+    # checkpoint at its prompt's end, from the SSD tier: the one point a repeat can start from
+    again = run["again_restored"]
+    assert run["again"] == run["cold"][1]
+    assert again.source == "ssd" and again.cached_tokens == second.prompt_tokens - 1, again
