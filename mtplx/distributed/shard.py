@@ -17,10 +17,6 @@ from mtplx.distributed.group import Group
 from mtplx.distributed.layout import LayoutError, check
 
 
-def _text_model(model):
-    return getattr(getattr(model, "language_model", model), "model", None)
-
-
 def shard_model(model, group: Group) -> str:
     """Shard a lazily loaded trunk in place for `group`'s layout; returns the layout tag."""
     layout = group.layout
@@ -30,7 +26,9 @@ def shard_model(model, group: Group) -> str:
             raise LayoutError(f"mlx-lm's {kind} has no shard(): it cannot run tensor parallel (try --shard pp)")
         model.shard(group.group)
     else:
-        inner = _text_model(model)
+        from mtplx.engine.checkpoint import text_inner
+
+        inner = text_inner(model)
         if inner is None or not hasattr(inner, "pipeline"):
             raise LayoutError(f"mlx-lm's {kind} has no pipeline(): it cannot run pipeline parallel (try --shard tp)")
         try:
