@@ -2,12 +2,17 @@
 
     python bench/attention.py [--model tiny-dense] [--runs 5]
 
-Both are timed interleaved, call by call, so the machine's noise hits them alike:
+Three arms: MLX's own kernel; mtplx's vectorised MLX path ("vector": grouped heads as GEMM rows,
+a polynomial exponent); and mtplx as it runs ("mtplx": the same, with prefill calls of more than
+KERNEL_FROM queries in the C kernel, mtplx/native/attention.c). All are timed interleaved, call
+by call, so the machine's noise hits them alike:
 - the attention call alone, at the shapes mtplx runs: prefill chunks (16-64 queries over 1k-8k
   keys), MTP verifies (3 and 5 queries), an AR step (1 query);
 - on the model (the CPU fast path, MKL): a 16- and a 64-token prefill chunk at 2k and 8k tokens
-  of context (what render-ahead runs), and greedy decoding, AR and MTP at depth 2 and 4.
-Prints medians and the ratio MLX / mtplx (above 1: mtplx faster). Speed is never asserted.
+  of context (what render-ahead runs), a cold 3k-token prompt to its first token (the engine's
+  256-token chunks), and greedy decoding, AR and MTP at depth 2 and 4.
+Prints medians and the ratios MLX / mtplx and vector / mtplx (above 1: mtplx faster). Speed is
+never asserted.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ import mlx.core as mx  # noqa: E402  (after mtplx: its fast path loads MKL first
 
 from mtplx.engine import cpu_attention  # noqa: E402
 
-ARMS = {"mlx": cpu_attention._mlx_attention, "mtplx": cpu_attention.attention}
+ARMS = {"mlx": cpu_attention._mlx_attention, "vector": cpu_attention.attention, "mtplx": cpu_attention.attention}
+KERNEL_FROM = cpu_attention.KERNEL_FROM
 
 
 def use(arm: str) -> None:
     mx.fast.scaled_dot_product_attention = ARMS[arm]
+    cpu_attention.KERNEL_FROM = KERNEL_FROM if arm == "mtplx" else 1 << 30
 
 
 def timed(fn) -> float:
@@ -51,12 +58,12 @@ def side_by_side(label: str, runs: int, make) -> None:
             use(arm)
             fn = make(arm)
             got[arm].append(timed(fn))
-    a, b = (statistics.median(got[arm]) * 1000 for arm in ARMS)
-    print(f"{label:<44} {a:9.2f} {b:9.2f} {a / b:7.2f}x", flush=True)
+    a, b, c = (statistics.median(got[arm]) * 1000 for arm in ARMS)
+    print(f"{label:<50} {a:9.2f} {b:9.2f} {c:9.2f} {a / c:9.2f}x {b / c:9.2f}x", flush=True)
 
 
 def calls(runs: int) -> None:
-    for queries, keys in [(64, 1000), (32, 2000), (16, 8000), (5, 2000), (3, 200), (1, 2000)]:
+    for queries, keys in [(256, 3000), (64, 1000), (32, 2000), (16, 8000), (5, 2000), (3, 200), (1, 2000)]:
         q, k, v = mx.random.normal((1, 4, queries, 64)), mx.random.normal((1, 2, keys, 64)), mx.random.normal((1, 2, keys, 64))
         mx.eval(q, k, v)
 
@@ -97,6 +104,16 @@ def chunks(engine: Engine, runs: int) -> None:
             side_by_side(f"model: a {size}-token chunk at {context} context (ms)", runs, make)
 
 
+def cold_prompt(engine: Engine, runs: int, length: int = 3000) -> None:
+    rng = random.Random(1)
+
+    def make(arm):
+        prompt = tuple(rng.randrange(20, 4000) for _ in range(length))  # new tokens each time: nothing to reuse
+        request = GenerationRequest(prompt, SamplingParams(max_tokens=1), use_mtp=False)
+        return lambda: engine.submit(request).result()
+    side_by_side(f"model: cold {length}-token prompt to first token (ms)", runs, make)
+
+
 def decoding(engine: Engine, runs: int, tokens: int = 96) -> None:
     tok = engine.checkpoint.tokenizer
     prompt = tuple(tok.apply_chat_template([{"role": "user", "content": "Explain src/ledger/events.py in detail."}],
@@ -117,9 +134,10 @@ def main() -> None:
     args = parser.parse_args()
     engine = Engine(resolve(args.model), EngineConfig(), name=args.model).start()
     try:
-        print(f"{'':<44} {'MLX':>9} {'mtplx':>9} {'ratio':>8}")
+        print(f"{'':<50} {'MLX':>9} {'vector':>9} {'mtplx':>9} {'MLX/mtplx':>10} {'vec/mtplx':>10}")
         calls(args.runs)
         chunks(engine, args.runs)
+        cold_prompt(engine, args.runs)
         decoding(engine, args.runs)
     finally:
         engine.stop()

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtplx import small_gemm
+from mtplx import native_build, small_gemm
 
 ENV = "MTPLX_FAST_PATH"
 _MKL_NAMES = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so")
@@ -126,8 +126,10 @@ def predicted() -> str:
     if not wanted():
         return "cpu, weights as stored, reference blas"
     if _unavailable() is not None:
-        return "cpu fp32 reference blas"
-    return "cpu fp32 + mkl" + (" + small-row kernel" if small_gemm.unavailable() is None else "")
+        path = "cpu fp32 reference blas"
+    else:
+        path = "cpu fp32 + mkl" + (" + small-row kernel" if small_gemm.unavailable() is None else "")
+    return path + (" + attention kernel" if native_build.attention_unavailable() is None else "")
 
 
 def use_fp32(on_cpu: bool, fp32_bytes: int) -> bool:

@@ -20,105 +20,34 @@ it. MTPLX_SMALL_GEMM_THREADS=off keeps them on the calling thread.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
+
+from mtplx import native_build
 
 ENV = "MTPLX_SMALL_GEMM"
 THREADS_ENV = "MTPLX_SMALL_GEMM_THREADS"
 SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"  # how long the idle helper polls before it sleeps (default 2000)
-SOURCE = Path(__file__).with_name("native") / "small_gemm.c"
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared")
-LIBS = ("-ldl", "-lpthread")  # dlsym, the helper thread (both in libc itself since glibc 2.34)
+KERNEL = native_build.Kernel("small_gemm", libs=("-ldl", "-lpthread"))  # dlsym, the helper thread
 
 
 def wanted() -> bool:
-    return _switched_on(ENV)
-
-
-def _switched_on(name: str) -> bool:
-    return os.environ.get(name, "on").strip().lower() not in ("off", "0", "false", "no")
-
-
-def compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _cpu_has(*features: str) -> bool:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return False
-    return set(features) <= set(flags.split(":", 1)[1].split())
+    return native_build.switched_on(ENV)
 
 
 def unavailable() -> str | None:
     """Why the kernel cannot run here (None: it can, built or buildable)."""
-    if not wanted():
-        return f"{ENV}=off"
-    if sys.platform != "linux" or not _cpu_has("avx2", "fma"):
-        return "needs Linux on a CPU with AVX2 and FMA"
-    if not _built().is_file() and compiler() is None:
-        return "no C compiler (cc) to build it"
-    return None
+    return f"{ENV}=off" if not wanted() else KERNEL.unavailable()
 
 
-def _cache_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtplx"
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        if os.access(base, os.W_OK):
-            return base
-    except OSError:
-        pass
-    return Path(tempfile.gettempdir()) / f"mtplx-{os.getuid()}"
-
-
-def _built() -> Path:
-    """Where this source, built with these flags, lives (the name changes when either does)."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + LIBS).encode()).hexdigest()[:16]
-    return _cache_dir() / f"small_gemm-{digest}.so"
-
-
-def build() -> Path:
-    """The compiled kernel, built now if it is not yet (a temporary file renamed into place, so a
-    crash or a concurrent build never leaves half a library under the final name)."""
-    target = _built()
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        subprocess.run([compiler() or "cc", *FLAGS, "-o", tmp, str(SOURCE), *LIBS], check=True, capture_output=True,
-                       timeout=120)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    for old in target.parent.glob("small_gemm-*.so"):  # builds of an earlier source (a loaded one stays mapped)
-        if old != target:
-            old.unlink(missing_ok=True)
-    return target
+def _built():
+    return KERNEL.built()
 
 
 def load() -> tuple[ctypes.CDLL | None, str | None]:
     """(the loaded kernel, None), or (None, why not). Load before the BLAS it forwards to."""
-    if (reason := unavailable()) is not None:
-        return None, reason
-    try:
-        try:
-            return ctypes.CDLL(str(build()), mode=ctypes.RTLD_GLOBAL), None
-        except OSError:  # a cached build that no longer loads (a damaged file): built once more
-            _built().unlink(missing_ok=True)
-            return ctypes.CDLL(str(build()), mode=ctypes.RTLD_GLOBAL), None
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        return None, f"could not build or load it ({exc}{': ' + detail.decode(errors='replace')[:200] if detail else ''})"
+    if not wanted():
+        return None, f"{ENV}=off"
+    return KERNEL.load(ctypes.RTLD_GLOBAL)
 
 
 def attach(kernel: ctypes.CDLL, blas: ctypes.CDLL) -> None:
@@ -140,7 +69,7 @@ def spin_ns() -> int | None:
 
 def threads_wanted() -> bool:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores >= 2 and _switched_on(THREADS_ENV)
+    return cores >= 2 and native_build.switched_on(THREADS_ENV)
 
 
 def set_threads(kernel: ctypes.CDLL, on: bool) -> None:

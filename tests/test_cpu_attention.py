@@ -45,3 +45,46 @@ def test_small_calls_and_sinks_use_mlx_kernel():
     q, k, v = _inputs(4, 2, 3, 100)  # a verify at short context: below SMALL
     assert mx.array_equal(cpu_attention.attention(q, k, v, scale=0.125, mask="causal"),
                           cpu_attention._mlx_attention(q, k, v, scale=0.125, mask="causal")).item()
+
+
+needs_kernel = pytest.mark.skipif(cpu_attention.kernel()[0] is None, reason=str(cpu_attention.kernel()[1]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 64), (16, 2, 128), (6, 6, 80), (8, 1, 256), (2, 2, 24)])
+def test_the_kernel_matches_mlx_on_prefill_shapes(heads, kv_heads, dim):
+    """Prefill chunks (more than KERNEL_FROM queries) go to the C kernel; strided views as MLX hands
+    them over (a projection transposed to heads, a slice of a preallocated cache) go in as they are."""
+    mx.random.seed(1)
+    queries, keys = 37, 300
+    q = mx.random.normal((2, queries, heads, dim)).transpose(0, 2, 1, 3)  # heads-major view of (B, L, H, D)
+    buffer = mx.random.normal((2, kv_heads, 512, dim)) * 2  # a cache's buffer, `keys` of it filled
+    k, v = buffer[:, :, :keys], mx.random.normal((2, kv_heads, 512, dim))[:, :, :keys]
+    for mask in ("causal", None):
+        want = cpu_attention._mlx_attention(q, k, v, scale=dim**-0.5, mask=mask)
+        got = cpu_attention.attention(q, k, v, scale=dim**-0.5, mask=mask)
+        # fp32 rounding of a 256-long dot product in another order: a few 1e-6 on values of order 1
+        assert mx.allclose(got, want, atol=1e-5, rtol=1e-5).item(), (mask, mx.max(mx.abs(got - want)).item())
+
+
+@needs_kernel
+def test_a_rows_bits_do_not_depend_on_the_chunk_it_was_computed_in():
+    """A prompt prefilled in one chunk or in two (a restore resuming mid-prompt) gives each position
+    the same attention output, bit for bit: each row's sums run in one order over its own keys."""
+    q, k, v = _inputs(4, 2, 96, 96, seed=3)
+    whole = cpu_attention.attention(q, k, v, scale=0.125, mask="causal")
+    head = cpu_attention.attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], scale=0.125, mask="causal")
+    tail = cpu_attention.attention(q[:, :, 40:], k, v, scale=0.125, mask="causal")
+    assert mx.array_equal(mx.concatenate([head, tail], axis=2), whole).item()
+
+
+def test_the_kernel_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(cpu_attention.KERNEL_ENV, "off")
+    cpu_attention.kernel.cache_clear()
+    try:
+        assert cpu_attention.kernel() == (None, f"{cpu_attention.KERNEL_ENV}=off")
+        q, k, v = _inputs(4, 2, 64, 64)  # the vectorised MLX path instead, same values
+        want = cpu_attention._mlx_attention(q, k, v, scale=0.125, mask="causal")
+        assert mx.allclose(cpu_attention.attention(q, k, v, scale=0.125, mask="causal"), want, atol=2e-6, rtol=1e-5).item()
+    finally:
+        cpu_attention.kernel.cache_clear()

@@ -19,14 +19,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from mtplx import fast_path
+from mtplx import fast_path, native_build
 
 
 DEQUANTIZE_ENV = fast_path.DEQUANTIZE_ENV
@@ -104,11 +103,13 @@ def prepare(model, mtp=None) -> ComputePath:
             mx.eval(module.parameters())
         floats = _floats(model)
     dtype = {mx.float32: "fp32", mx.bfloat16: "bf16", mx.float16: "fp16"}.get(floats[0].dtype if floats else None, "mixed")
-    if on_cpu and dtype == "fp32" and os.environ.get("MTPLX_CPU_ATTENTION", "on").lower() not in ("off", "0", "false"):
+    label = fast_path.label(on_cpu, dtype, fast_path.activate())
+    if on_cpu and dtype == "fp32" and native_build.switched_on("MTPLX_CPU_ATTENTION"):
         from mtplx.engine import cpu_attention
 
         cpu_attention.install()  # MLX's CPU attention is exp-bound at agent context lengths (cpu_attention.py)
-    label = fast_path.label(on_cpu, dtype, fast_path.activate())
+        if cpu_attention.kernel()[0] is not None:
+            label += " + attention kernel"
     left = len(packed) - dequantized
     if dequantized:
         label += f", {dequantized} quantized layers unpacked"

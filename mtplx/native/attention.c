@@ -1,0 +1,222 @@
+/* Attention over many query positions on the CPU: scores, softmax and the value sum in one pass
+ * per block of rows, without writing a score matrix to memory.
+ *
+ * Why: MLX's CPU attention is a chain of whole-array ops (scores, mask, max, exp, sum, divide,
+ * values), each a pass over rows x keys floats on one thread, and its exp is scalar. At agent
+ * context lengths a prefill chunk of tiny-dense spent ~3/4 of its time there.
+ *
+ * Layout: q (B, Hq, L, D), k and v (B, Hkv, S, D), each with its own strides in floats (the last
+ * dimension contiguous: MLX hands over cache slices and transposed projections without copying);
+ * out (B, Hq, L, D) contiguous. Query head h reads key group h / (Hq / Hkv). With `causal`, query
+ * position i sees keys 0 .. S - L + i.
+ *
+ * Every output row is computed the same way whatever the other rows of the call: its scores in
+ * one order over d, its max, exponents and sum in blocks of 8 keys up to its own last key, its
+ * value sum over the keys in order (keys past its last one add an exact zero). A row's bits
+ * therefore do not depend on the chunk it was prefilled in, the number of queries of the call or
+ * the thread that ran it.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROWS 4  /* query rows per tile: they share each key and value load */
+#define KEYS 16 /* keys per score block (two vectors) */
+
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    long q_sb, q_sh, q_sl, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss;
+    int B, Hq, Hkv, L, S, D, causal;
+    float scale;
+    float *kt; /* keys transposed per (b, g): D rows of Spad floats, zero past S */
+    int Spad, tiles;
+    int threads;
+} job_t;
+
+typedef struct {
+    job_t *job;
+    int index;
+} part_t;
+
+/* e^x for x <= 0 as 2^n * p(f): n = round(x log2 e), f in [-1/2, 1/2], p of degree 5
+ * (relative error < 4e-7); n clamped at -127, whose exponent bits make exactly 0. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    const __m256 round = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23 */
+    __m256 y = _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)), _mm256_set1_ps(-127.0f));
+    __m256 t = _mm256_add_ps(y, round);
+    __m256 n = _mm256_sub_ps(t, round);
+    __m256 f = _mm256_sub_ps(y, n);
+    __m256 p = _mm256_set1_ps(1.3333558e-3f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6180883e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504110e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+static inline float hsum(__m256 x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hmax(__m256 x) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Transpose the keys of (b, g) pairs index, index + threads, ... into job->kt. */
+static void transpose_part(job_t *j, int index) {
+    for (int bg = index; bg < j->B * j->Hkv; bg += j->threads) {
+        int b = bg / j->Hkv, g = bg % j->Hkv;
+        const float *k = j->k + b * j->k_sb + g * j->k_sh;
+        float *kt = j->kt + (long)bg * j->D * j->Spad;
+        for (int s0 = 0; s0 < j->Spad; s0 += 8) {
+            for (int d = 0; d < j->D; d++) {
+                float *dst = kt + (long)d * j->Spad + s0;
+                for (int u = 0; u < 8; u++)
+                    dst[u] = s0 + u < j->S ? k[(long)(s0 + u) * j->k_ss + d] : 0.0f;
+            }
+        }
+    }
+}
+
+/* One tile: up to ROWS query rows of key group g, rows r = position * rep + head-in-group. */
+static void tile(job_t *j, int b, int g, int t, float *scores, float *qs) {
+    int rep = j->Hq / j->Hkv, D = j->D, Spad = j->Spad;
+    int first = t * ROWS, count = rep * j->L - first < ROWS ? rep * j->L - first : ROWS;
+    int head[ROWS], pos[ROWS], last[ROWS], most = 0;
+    for (int r = 0; r < ROWS; r++) {
+        int row = first + (r < count ? r : 0);
+        pos[r] = row / rep;
+        head[r] = g * rep + row % rep;
+        last[r] = j->causal ? j->S - j->L + pos[r] + 1 : j->S; /* keys this row sees */
+        if (last[r] > most) most = last[r];
+        const float *q = j->q + b * j->q_sb + head[r] * j->q_sh + (long)pos[r] * j->q_sl;
+        for (int d = 0; d < D; d++) qs[r * D + d] = q[d] * j->scale;
+    }
+    const float *kt = j->kt + ((long)b * j->Hkv + g) * D * Spad;
+    int blocks = (most + KEYS - 1) / KEYS;
+    for (int kb = 0; kb < blocks; kb++) {
+        __m256 a[ROWS][2];
+        for (int r = 0; r < ROWS; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+        const float *col = kt + kb * KEYS;
+        for (int d = 0; d < D; d++) {
+            __m256 k0 = _mm256_loadu_ps(col + (long)d * Spad), k1 = _mm256_loadu_ps(col + (long)d * Spad + 8);
+            for (int r = 0; r < ROWS; r++) {
+                __m256 qd = _mm256_broadcast_ss(qs + r * D + d);
+                a[r][0] = _mm256_fmadd_ps(qd, k0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(qd, k1, a[r][1]);
+            }
+        }
+        for (int r = 0; r < ROWS; r++) {
+            _mm256_storeu_ps(scores + (long)r * Spad + kb * KEYS, a[r][0]);
+            _mm256_storeu_ps(scores + (long)r * Spad + kb * KEYS + 8, a[r][1]);
+        }
+    }
+    /* Per row: softmax weights in place, zero from its last key to the tile's block end. */
+    float inv[ROWS];
+    int span = blocks * KEYS;
+    for (int r = 0; r < ROWS; r++) {
+        float *s = scores + (long)r * Spad;
+        int n = last[r], whole = n / 8 * 8;
+        __m256 m = _mm256_set1_ps(-INFINITY);
+        for (int i = 0; i < whole; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+        float mx = hmax(m);
+        for (int i = whole; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+        for (int i = n; i < span; i++) s[i] = -INFINITY; /* exp gives exactly 0 */
+        __m256 top = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
+        int end = (n + 7) / 8 * 8;
+        for (int i = 0; i < end; i += 8) {
+            __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
+            _mm256_storeu_ps(s + i, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        for (int i = end; i < span; i++) s[i] = 0.0f;
+        inv[r] = 1.0f / hsum(sum);
+    }
+    /* Values: 16 dims at a time for the tile's rows, every key in order. */
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        int two = d0 + 16 <= D;
+        __m256 a[ROWS][2];
+        for (int r = 0; r < ROWS; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+        const float *v = j->v + b * j->v_sb + g * j->v_sh + d0;
+        for (int i = 0; i < most; i++, v += j->v_ss) {
+            __m256 v0 = _mm256_loadu_ps(v), v1 = two ? _mm256_loadu_ps(v + 8) : _mm256_setzero_ps();
+            for (int r = 0; r < ROWS; r++) {
+                __m256 p = _mm256_broadcast_ss(scores + (long)r * Spad + i);
+                a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(p, v1, a[r][1]);
+            }
+        }
+        for (int r = 0; r < count; r++) {
+            float *o = j->out + (((long)b * j->Hq + head[r]) * j->L + pos[r]) * D + d0;
+            __m256 w = _mm256_set1_ps(inv[r]);
+            _mm256_storeu_ps(o, _mm256_mul_ps(a[r][0], w));
+            if (two) _mm256_storeu_ps(o + 8, _mm256_mul_ps(a[r][1], w));
+        }
+    }
+}
+
+static void *run_part(void *arg) {
+    part_t *p = arg;
+    job_t *j = p->job;
+    float *scores = malloc(sizeof(float) * ((long)ROWS * j->Spad + ROWS * j->D));
+    if (!scores) return (void *)1;
+    float *qs = scores + (long)ROWS * j->Spad;
+    int total = j->B * j->Hkv * j->tiles;
+    for (int task = p->index; task < total; task += j->threads) {
+        int bg = task / j->tiles;
+        tile(j, bg / j->Hkv, bg % j->Hkv, task % j->tiles, scores, qs);
+    }
+    free(scores);
+    return NULL;
+}
+
+static void *run_transpose(void *arg) {
+    part_t *p = arg;
+    transpose_part(p->job, p->index);
+    return NULL;
+}
+
+/* fn over parts 0 .. threads-1: part 0 here, the rest on helper threads (a part whose thread
+ * could not start runs here too). Nonzero when any part failed. */
+static int in_parallel(job_t *j, void *(*fn)(void *)) {
+    pthread_t helper[8];
+    part_t parts[8];
+    int started[8] = {0}, failed = 0;
+    for (int i = 0; i < j->threads; i++) parts[i] = (part_t){j, i};
+    for (int i = 1; i < j->threads; i++) started[i] = pthread_create(&helper[i], NULL, fn, &parts[i]) == 0;
+    failed |= fn(&parts[0]) != NULL;
+    for (int i = 1; i < j->threads; i++) {
+        void *r = NULL;
+        if (started[i]) pthread_join(helper[i], &r);
+        else r = fn(&parts[i]);
+        failed |= r != NULL;
+    }
+    return failed;
+}
+
+/* 0: done. 1: scratch memory could not be had (out is then incomplete); 2: shapes it does not take. */
+int mtplx_attention(const float *q, long q_sb, long q_sh, long q_sl, const float *k, long k_sb, long k_sh,
+                    long k_ss, const float *v, long v_sb, long v_sh, long v_ss, float *out, int B, int Hq, int Hkv,
+                    int L, int S, int D, float scale, int causal, int threads) {
+    job_t j = {q, k, v, out, q_sb, q_sh, q_sl, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, B, Hq, Hkv, L, S, D, causal,
+               scale, NULL, (S + KEYS - 1) / KEYS * KEYS, 0, threads < 1 ? 1 : (threads > 8 ? 8 : threads)};
+    if (D % 8 || Hq % Hkv || S < 1 || L < 1 || (causal && L > S)) return 2;
+    j.tiles = ((Hq / Hkv) * L + ROWS - 1) / ROWS;
+    j.kt = malloc(sizeof(float) * (long)B * Hkv * D * j.Spad);
+    if (!j.kt) return 1;
+    int failed = in_parallel(&j, run_transpose);
+    if (!failed) failed = in_parallel(&j, run_part);
+    free(j.kt);
+    return failed;
+}
