@@ -306,6 +306,40 @@ def test_a_kept_response_is_retrieved_and_deleted_and_store_false_keeps_nothing(
         client.responses.create(model="m", input="hi", background=True, max_output_tokens=2)
 
 
+def test_a_kept_responses_input_items_are_listed_and_paged(url):
+    """What the OpenAI SDK's responses.input_items.list calls: the request's input, item by item,
+    newest first by default, with ids (the client's own where it gave one), paged by `after`."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
+    history = [{"type": "message", "role": "user", "content": "Read the file."},
+               {"type": "function_call", "id": "fc_given", "call_id": "c1", "name": "read_file",
+                "arguments": '{"path": "a.py"}'},
+               {"type": "function_call_output", "call_id": "c1", "output": "print(1)"},
+               {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Now explain it."}]}]
+    made = client.responses.create(model="m", input=history, max_output_tokens=4, temperature=0,
+                                   tools=[{"type": "function", **TOOLS[0]["function"]}])
+    listed = client.responses.input_items.list(made.id)
+    assert [item.type for item in listed.data] == ["message", "function_call_output", "function_call", "message"]
+    assert listed.data[2].id == "fc_given" and listed.data[1].output == "print(1)"
+    assert listed.data[3].content[0].text == "Read the file." and not listed.has_more
+    ids = [item.id for item in listed.data]
+    assert len(set(ids)) == 4 and client.responses.input_items.list(made.id).data[0].id == ids[0]  # ids are kept
+    first = client.responses.input_items.list(made.id, order="asc", limit=3)
+    assert [i.id for i in first.data] == ids[::-1][:3] and first.has_more
+    rest = client.responses.input_items.list(made.id, order="asc", limit=3, after=first.data[-1].id)
+    assert [i.id for i in rest.data] == [ids[0]] and not rest.has_more
+    assert [i.id for i in client.responses.input_items.list(made.id, order="asc")] == ids[::-1]  # the SDK's pager
+    plain = client.responses.create(model="m", input="hi", max_output_tokens=2)
+    assert client.responses.input_items.list(plain.id).data[0].content[0].text == "hi"
+    for bad in ({"limit": 0}, {"order": "up"}, {"after": "msg_nope"}):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.input_items.list(made.id, **bad)
+    private = client.responses.create(model="m", input="hi", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError, match="not kept"):
+        client.responses.input_items.list(private.id)
+
+
 def test_response_store_is_bounded_and_survives_a_damaged_file(tmp_path):
     from mtplx.server.api_error import ApiError
     from mtplx.server.response_store import ResponseStore

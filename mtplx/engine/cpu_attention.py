@@ -102,11 +102,16 @@ def kernel() -> tuple[ctypes.CDLL | None, str | None]:
     if (why := native_build.attention_unavailable()) is not None:
         return None, why
     lib, why = native_build.ATTENTION.load()
-    if lib is not None:
-        lib.mtplx_attention.restype = ctypes.c_int
-        lib.mtplx_attention.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 3) * 3 + [ctypes.c_void_p] + \
-            [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    return lib, why
+    if lib is None:
+        return None, why
+    try:
+        entry = lib.mtplx_attention
+    except AttributeError:  # a library under the cached name that is not this kernel
+        return None, f"{native_build.ATTENTION.built()} lacks mtplx_attention"
+    entry.restype = ctypes.c_int
+    entry.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 3) * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + \
+        [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    return lib, None
 
 
 def _fused(lib, q, k, v, scale: float, causal: bool) -> mx.array | None:
@@ -114,7 +119,10 @@ def _fused(lib, q, k, v, scale: float, causal: bool) -> mx.array | None:
     mx.eval(q, k, v)
     views = []
     for a in (q, k, v):
-        view = np.array(a, copy=False)
+        try:
+            view = np.array(a, copy=False)  # MLX's buffer: a strided view of the cache, no copy
+        except (ValueError, TypeError):
+            view = np.array(a)
         if view.strides[-1] != 4 or any(st % 4 for st in view.strides):
             view = np.ascontiguousarray(view)
         views.append(view)

@@ -21,8 +21,8 @@ from mtplx import chat_template
 from mtplx.bank.watch import BankWatch
 from mtplx.engine.sampling import SamplingParams
 from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
-from mtplx.server import (anthropic_map, cache_diagnostics, completion_prompt, context_edits, cors, openai_response,
-                          output_format, responses, tokenizer_api)
+from mtplx.server import (anthropic_map, cache_diagnostics, completion_prompt, context_edits, cors, input_items,
+                          openai_response, output_format, responses, tokenizer_api)
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server import guard
@@ -272,7 +272,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         def keep(fin):  # what a follow-up naming this response renders as its history, and the response
             if body.get("store") is not False:
                 response_store.put(built.id, call.messages + responses.output_messages(built.output, built.names),
-                                   built.response("completed", fin))
+                                   built.response("completed", fin), input_items.of_request(body))
 
         if not call.stream:
             return await _whole(sub, lambda fin: (diagnose(fin), built.whole(fin), keep(fin))[1], request,
@@ -316,6 +316,14 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if found is None:
             raise _no_response(response_id)
         return JSONResponse(found)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    @app.get("/responses/{response_id}/input_items", include_in_schema=False)
+    async def response_input_items(response_id: str, request: Request):
+        found = await asyncio.to_thread(response_store.inputs, response_id)
+        if found is None:
+            raise _no_response(response_id)
+        return JSONResponse(input_items.page(found, request.query_params))
 
     @app.delete("/v1/responses/{response_id}")
     @app.delete("/responses/{response_id}", include_in_schema=False)

@@ -1,6 +1,7 @@
 """The responses a client asked to keep (`store`, true unless it says false): each one's chat
-messages (its input and output, as a follow-up naming it in `previous_response_id` renders them)
-and the response object itself (what `GET /v1/responses/{id}` returns), by response id.
+messages (its input and output, as a follow-up naming it in `previous_response_id` renders them),
+the response object itself (what `GET /v1/responses/{id}` returns) and its request's input items
+(`GET /v1/responses/{id}/input_items`), by response id.
 
 Kept in a small SQLite file under MTPLX_HOME, so a client that names a response after the server
 restarted still gets its history (the session bank restores the state from SSD the same way).
@@ -32,8 +33,8 @@ class ResponseStore:
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.capacity, self.lock, self.label = capacity, threading.Lock(), label
-        # (used, messages, response) as JSON, written once the disk takes them
-        self.held: OrderedDict[str, tuple[float, str, str | None]] = OrderedDict()
+        # (used, messages, response, input items) as JSON, written once the disk takes them
+        self.held: OrderedDict[str, tuple[float, str, str | None, str | None]] = OrderedDict()
         self.db = self._open(path)
 
     def _open(self, path: Path | None) -> sqlite3.Connection:
@@ -56,8 +57,11 @@ class ResponseStore:
     def _schema(db: sqlite3.Connection) -> sqlite3.Connection:
         db.execute("pragma journal_mode=wal")
         db.execute("create table if not exists responses (id text primary key, used real not null, messages text not null)")
-        if "response" not in {row[1] for row in db.execute("pragma table_info(responses)")}:
+        columns = {row[1] for row in db.execute("pragma table_info(responses)")}
+        if "response" not in columns:
             db.execute("alter table responses add column response text")  # a store from before retrieval
+        if "input" not in columns:
+            db.execute("alter table responses add column input text")  # ... or from before input_items
         db.execute("create index if not exists responses_used on responses (used)")
         db.commit()
         return db
@@ -76,28 +80,36 @@ class ResponseStore:
         row = self._row(response_id)
         return json.loads(row[1]) if row is not None and row[1] is not None else None
 
-    def _row(self, response_id: str) -> tuple[str, str | None] | None:
+    def inputs(self, response_id: str) -> list[dict] | None:
+        """The request's input items; None when unknown (or kept before input items were)."""
+        row = self._row(response_id)
+        return json.loads(row[2]) if row is not None and row[2] is not None else None
+
+    def _row(self, response_id: str) -> tuple[str, str | None, str | None] | None:
         with self.lock:
             if response_id in self.held:
-                _, messages, response = self.held[response_id]
-                self.held[response_id] = (time.time(), messages, response)
+                _, *row = self.held[response_id]
+                self.held[response_id] = (time.time(), *row)
                 self.held.move_to_end(response_id)
-                return messages, response
-            row = self.db.execute("select messages, response from responses where id = ?", (response_id,)).fetchone()
+                return tuple(row)
+            row = self.db.execute("select messages, response, input from responses where id = ?", (response_id,)).fetchone()
             if row is not None:
                 self._write("update responses set used = ? where id = ?", (time.time(), response_id))
             return row
 
-    def put(self, response_id: str, messages: list[dict], response: dict | None = None) -> None:
+    def put(self, response_id: str, messages: list[dict], response: dict | None = None,
+            inputs: list[dict] | None = None) -> None:
+        as_json = lambda value: None if value is None else json.dumps(value, ensure_ascii=False)
         with self.lock:
-            self.held[response_id] = (time.time(), json.dumps(messages, ensure_ascii=False),
-                                      None if response is None else json.dumps(response, ensure_ascii=False))
+            self.held[response_id] = (time.time(), json.dumps(messages, ensure_ascii=False), as_json(response),
+                                      as_json(inputs))
             self.held.move_to_end(response_id)
             while len(self.held) > self.capacity:
                 self.held.popitem(last=False)
             while self.held:
-                key, (used, text, whole) = next(iter(self.held.items()))
-                if not self._write("insert or replace into responses values (?, ?, ?, ?)", (key, used, text, whole)):
+                key, row = next(iter(self.held.items()))
+                if not self._write("insert or replace into responses (id, used, messages, response, input) "
+                                   "values (?, ?, ?, ?, ?)", (key, *row)):
                     return
                 del self.held[key]
             self._write("delete from responses where id not in (select id from responses order by used desc limit ?)",
