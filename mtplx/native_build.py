@@ -110,11 +110,12 @@ class Kernel:
 # `mtplx models` can say whether it runs without importing MLX.
 ATTENTION = Kernel("attention", libs=("-lpthread",))
 ATTENTION_ENV = "MTPLX_ATTENTION_KERNEL"
+CPU_ATTENTION_ENV = "MTPLX_CPU_ATTENTION"  # off: MLX's own attention everywhere, kernel or not
 
 
 def attention_unavailable() -> str | None:
     """Why prefill attention on the CPU fp32 path does not run the kernel (None: it does)."""
-    for env in ("MTPLX_CPU_ATTENTION", ATTENTION_ENV):  # the first turns mtplx's CPU attention off altogether
+    for env in (CPU_ATTENTION_ENV, ATTENTION_ENV):
         if not switched_on(env):
             return f"{env}=off"
     return ATTENTION.unavailable()

@@ -27,7 +27,7 @@ from mtplx import native_build
 ENV = "MTPLX_SMALL_GEMM"
 THREADS_ENV = "MTPLX_SMALL_GEMM_THREADS"
 SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"  # how long the idle helper polls before it sleeps (default 2000)
-KERNEL = native_build.Kernel("small_gemm", libs=("-ldl", "-lpthread"))  # dlsym, the helper thread
+BUILD = native_build.Kernel("small_gemm", libs=("-ldl", "-lpthread"))  # dlsym, the helper thread
 
 
 def wanted() -> bool:
@@ -36,18 +36,18 @@ def wanted() -> bool:
 
 def unavailable() -> str | None:
     """Why the kernel cannot run here (None: it can, built or buildable)."""
-    return f"{ENV}=off" if not wanted() else KERNEL.unavailable()
+    return f"{ENV}=off" if not wanted() else BUILD.unavailable()
 
 
 def _built():
-    return KERNEL.built()
+    return BUILD.built()
 
 
 def load() -> tuple[ctypes.CDLL | None, str | None]:
     """(the loaded kernel, None), or (None, why not). Load before the BLAS it forwards to."""
     if not wanted():
         return None, f"{ENV}=off"
-    return KERNEL.load(ctypes.RTLD_GLOBAL)
+    return BUILD.load(ctypes.RTLD_GLOBAL)
 
 
 def attach(kernel: ctypes.CDLL, blas: ctypes.CDLL) -> None:

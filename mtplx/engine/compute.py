@@ -104,7 +104,7 @@ def prepare(model, mtp=None) -> ComputePath:
         floats = _floats(model)
     dtype = {mx.float32: "fp32", mx.bfloat16: "bf16", mx.float16: "fp16"}.get(floats[0].dtype if floats else None, "mixed")
     label = fast_path.label(on_cpu, dtype, fast_path.activate())
-    if on_cpu and dtype == "fp32" and native_build.switched_on("MTPLX_CPU_ATTENTION"):
+    if on_cpu and dtype == "fp32" and native_build.switched_on(native_build.CPU_ATTENTION_ENV):
         from mtplx.engine import cpu_attention
 
         cpu_attention.install()  # MLX's CPU attention is exp-bound at agent context lengths (cpu_attention.py)
