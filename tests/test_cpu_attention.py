@@ -50,9 +50,15 @@ def test_small_calls_and_sinks_use_mlx_kernel():
 needs_kernel = pytest.mark.skipif(cpu_attention.kernel()[0] is None, reason=str(cpu_attention.kernel()[1]))
 
 
+@pytest.fixture
+def every_prefill_call(monkeypatch):
+    """The kernel for every call past KERNEL_FROM queries, however few scores (small shapes test fast)."""
+    monkeypatch.setattr(cpu_attention, "KERNEL_SCORES", 0)
+
+
 @needs_kernel
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 64), (16, 2, 128), (6, 6, 80), (8, 1, 256), (2, 2, 24)])
-def test_the_kernel_matches_mlx_on_prefill_shapes(heads, kv_heads, dim):
+def test_the_kernel_matches_mlx_on_prefill_shapes(heads, kv_heads, dim, every_prefill_call):
     """Prefill chunks (more than KERNEL_FROM queries) go to the C kernel; strided views as MLX hands
     them over (a projection transposed to heads, a slice of a preallocated cache) go in as they are."""
     mx.random.seed(1)
@@ -68,7 +74,7 @@ def test_the_kernel_matches_mlx_on_prefill_shapes(heads, kv_heads, dim):
 
 
 @needs_kernel
-def test_a_rows_bits_do_not_depend_on_the_chunk_it_was_computed_in():
+def test_a_rows_bits_do_not_depend_on_the_chunk_it_was_computed_in(every_prefill_call):
     """A prompt prefilled in one chunk or in two (a restore resuming mid-prompt) gives each position
     the same attention output, bit for bit: each row's sums run in one order over its own keys."""
     q, k, v = _inputs(4, 2, 96, 96, seed=3)
@@ -78,7 +84,7 @@ def test_a_rows_bits_do_not_depend_on_the_chunk_it_was_computed_in():
     assert mx.array_equal(mx.concatenate([head, tail], axis=2), whole).item()
 
 
-def test_the_kernel_can_be_switched_off(monkeypatch):
+def test_the_kernel_can_be_switched_off(monkeypatch, every_prefill_call):
     monkeypatch.setenv(cpu_attention.KERNEL_ENV, "off")
     cpu_attention.kernel.cache_clear()
     try:
@@ -88,3 +94,14 @@ def test_the_kernel_can_be_switched_off(monkeypatch):
         assert mx.allclose(cpu_attention.attention(q, k, v, scale=0.125, mask="causal"), want, atol=2e-6, rtol=1e-5).item()
     finally:
         cpu_attention.kernel.cache_clear()
+
+
+@needs_kernel
+def test_big_prefill_chunks_take_the_kernel_and_short_steps_do_not(monkeypatch):
+    taken = []
+    fused = cpu_attention._fused
+    monkeypatch.setattr(cpu_attention, "_fused", lambda *a: taken.append(a[1].shape[2]) or fused(*a))
+    for queries, keys in ((256, 1024), (17, 16384), (64, 2000), (16, 8000), (5, 8000), (1, 8000)):
+        q, k, v = _inputs(4, 2, queries, keys)
+        cpu_attention.attention(q, k, v, scale=0.125, mask="causal" if queries > 1 else None)
+    assert taken == [256, 17]  # 1M+ scores past 16 queries; a verify, a decode step, a small chunk keep MLX's path

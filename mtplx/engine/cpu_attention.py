@@ -13,11 +13,12 @@ MKL, side by side: 16-64 queries over 1k-8k keys 2.0x, 5 over 2k 1.8x; on tiny-d
 prefill chunk at 2k / 8k tokens of context 1.54x / 1.68x, a 64-token one 1.39x / 1.82x. Calls with
 fewer than SMALL scores (AR decode, a verify at short context) keep MLX's kernel: as fast there.
 
-Prefill chunks (more than KERNEL_FROM queries, no mask or a causal one) go further, to a C kernel
-(mtplx/native/attention.c) that computes scores, softmax and values per block of rows on two
-threads without a score matrix in memory: on tiny-dense a cold 3k-token prefill took 0.9 s
-instead of 1.5 s (attention was three quarters of it), and each row's bits are the same whatever
-chunk it was prefilled in. MTPLX_ATTENTION_KERNEL=off keeps the MLX path for them.
+Big prefill chunks (more than KERNEL_FROM queries and KERNEL_SCORES scores, no mask or a causal
+one) go further, to a C kernel (mtplx/native/attention.c) that computes scores, softmax and values
+per block of rows on two threads without a score matrix in memory: on tiny-dense a cold 3k-token
+prefill took 0.9 s instead of 1.5 s (attention was three quarters of it). Among the calls it
+takes, each row's bits are the same whatever call it came in. MTPLX_ATTENTION_KERNEL=off keeps
+the MLX path for them.
 
 Installed only on the CPU backend with fp32 compute (the fast path): every attention call of the
 process then goes through it, so cold, restored, AR, MTP and batched paths all compute with the
@@ -86,12 +87,15 @@ _mlx_attention = mx.fast.scaled_dot_product_attention
 SMALL = 4096
 
 
-# Calls of more than this many queries with no mask or a causal one (prefill chunks) go to the C
-# kernel (mtplx/native/attention.c): it fuses scores, softmax and values per block of rows, on two
-# threads. It needs the call's inputs computed, a sync inside the forward: the short steps
-# (decode, verify, draft: at most compiled.STEP_TOKENS queries) overlap building and computing
-# layer by layer, and keep the MLX path below.
+# Calls of more than KERNEL_FROM queries and at least KERNEL_SCORES scores, with no mask or a causal
+# one (prefill chunks), go to the C kernel (mtplx/native/attention.c): it fuses scores, softmax and
+# values per block of rows, on two threads. It needs the call's inputs computed, a sync inside the
+# forward that costs MLX its overlap of building and computing: the short steps (decode, verify,
+# draft: at most compiled.STEP_TOKENS queries) keep the MLX path below, and so do smaller chunks.
+# On tiny-dense (4 heads) a 64-token chunk at 2k tokens of context (512k scores) measured 0.85-0.95x
+# of the vectorised path through the kernel, at 8k (2M) 1.35x, 256-token chunks at 1k+ 2x and more.
 KERNEL_FROM = 16
+KERNEL_SCORES = 1 << 20
 KERNEL_ENV = native_build.ATTENTION_ENV
 _THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
@@ -150,7 +154,8 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
     """Same contract as mx.fast.scaled_dot_product_attention (q: B, Hq, L, D; k, v: B, Hkv, S, D;
     mask "causal", a boolean keep-mask or an additive one, broadcastable to B, Hq, L, S)."""
     B, Hq, L, D = q.shape
-    if L > KERNEL_FROM and _kernel_takes(q, k, v, mask, sinks, stream) and (lib := kernel()[0]) is not None:
+    if (L > KERNEL_FROM and Hq * L * k.shape[2] >= KERNEL_SCORES and _kernel_takes(q, k, v, mask, sinks, stream)
+            and (lib := kernel()[0]) is not None):
         if (out := _fused(lib, q, k, v, scale, mask is not None)) is not None:
             return out
     if (L == 1 or Hq * L * k.shape[2] < SMALL or sinks is not None or stream is not None or q.dtype != mx.float32

@@ -73,13 +73,41 @@ static inline float hmax(__m256 x) {
     return _mm_cvtss_f32(s);
 }
 
-/* Transpose the keys of (b, g) pairs index, index + threads, ... into job->kt. */
+/* dst[r * stride + c] = src row c, column r, for an 8 x 8 block (rows of src `step` floats apart). */
+static inline void transpose8(const float *src, long step, float *dst, long stride) {
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + step), r2 = _mm256_loadu_ps(src + 2 * step),
+           r3 = _mm256_loadu_ps(src + 3 * step), r4 = _mm256_loadu_ps(src + 4 * step),
+           r5 = _mm256_loadu_ps(src + 5 * step), r6 = _mm256_loadu_ps(src + 6 * step),
+           r7 = _mm256_loadu_ps(src + 7 * step);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+           t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+           u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+           u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+           u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + stride, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * stride, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * stride, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * stride, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * stride, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * stride, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+/* Transpose the keys of (b, g) pairs index, index + threads, ... into job->kt: whole 8 x 8 blocks
+ * in registers, the last partial block of keys one value at a time (zeros past S). */
 static void transpose_part(job_t *j, int index) {
     for (int bg = index; bg < j->B * j->Hkv; bg += j->threads) {
         int b = bg / j->Hkv, g = bg % j->Hkv;
         const float *k = j->k + b * j->k_sb + g * j->k_sh;
         float *kt = j->kt + (long)bg * j->D * j->Spad;
-        for (int s0 = 0; s0 < j->Spad; s0 += 8) {
+        int whole = j->S / 8 * 8;
+        for (int s0 = 0; s0 < whole; s0 += 8)
+            for (int d = 0; d < j->D; d += 8)
+                transpose8(k + (long)s0 * j->k_ss + d, j->k_ss, kt + (long)d * j->Spad + s0, j->Spad);
+        for (int s0 = whole; s0 < j->Spad; s0 += 8) {
             for (int d = 0; d < j->D; d++) {
                 float *dst = kt + (long)d * j->Spad + s0;
                 for (int u = 0; u < 8; u++)
@@ -166,10 +194,27 @@ static void tile(job_t *j, int b, int g, int t, float *scores, float *qs) {
     }
 }
 
+/* Scratch kept between calls (calls are serialised by `lock`): a fresh multi-megabyte malloc is
+ * a new mapping the kernel zero-fills page by page on first touch, which cost more than the
+ * attention itself for one query over 8k keys. */
+#define KEEP_FLOATS (16L << 20) /* 64 MB */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static float *scratch[9];
+static long scratch_floats[9];
+
+static float *scratch_for(int slot, long floats) {
+    if (scratch_floats[slot] < floats) {
+        free(scratch[slot]);
+        scratch[slot] = malloc(sizeof(float) * floats);
+        scratch_floats[slot] = scratch[slot] ? floats : 0;
+    }
+    return scratch[slot];
+}
+
 static void *run_part(void *arg) {
     part_t *p = arg;
     job_t *j = p->job;
-    float *scores = malloc(sizeof(float) * ((long)ROWS * j->Spad + ROWS * j->D));
+    float *scores = scratch_for(1 + p->index, (long)ROWS * j->Spad + ROWS * j->D);
     if (!scores) return (void *)1;
     float *qs = scores + (long)ROWS * j->Spad;
     int total = j->B * j->Hkv * j->tiles;
@@ -177,7 +222,6 @@ static void *run_part(void *arg) {
         int bg = task / j->tiles;
         tile(j, bg / j->Hkv, bg % j->Hkv, task % j->tiles, scores, qs);
     }
-    free(scores);
     return NULL;
 }
 
@@ -213,10 +257,15 @@ int mtplx_attention(const float *q, long q_sb, long q_sh, long q_sl, const float
                scale, NULL, (S + KEYS - 1) / KEYS * KEYS, 0, threads < 1 ? 1 : (threads > 8 ? 8 : threads)};
     if (D % 8 || Hq % Hkv || S < 1 || L < 1 || (causal && L > S)) return 2;
     j.tiles = ((Hq / Hkv) * L + ROWS - 1) / ROWS;
-    j.kt = malloc(sizeof(float) * (long)B * Hkv * D * j.Spad);
-    if (!j.kt) return 1;
-    int failed = in_parallel(&j, run_transpose);
+    pthread_mutex_lock(&lock);
+    j.kt = scratch_for(0, (long)B * Hkv * D * j.Spad);
+    int failed = !j.kt;
+    if (!failed) failed = in_parallel(&j, run_transpose);
     if (!failed) failed = in_parallel(&j, run_part);
-    free(j.kt);
+    if (scratch_floats[0] > KEEP_FLOATS) { /* a long prompt's keys: not held for the rest of the process */
+        free(scratch[0]);
+        scratch[0] = NULL, scratch_floats[0] = 0;
+    }
+    pthread_mutex_unlock(&lock);
     return failed;
 }
