@@ -340,6 +340,28 @@ def test_a_kept_responses_input_items_are_listed_and_paged(url):
         client.responses.input_items.list(private.id)
 
 
+def test_an_item_reference_renders_as_the_item_it_names(url):
+    """An input item `{"type": "item_reference", "id": ...}` stands for an input or output item of a
+    kept response: the request renders as if the client had sent that item itself."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
+    first = client.responses.create(model="m", input="Read the file.", max_output_tokens=6, temperature=0)
+    asked = client.responses.input_items.list(first.id).data[0].id
+    answered = [item.model_dump(exclude_none=True) for item in first.output]
+    follow = {"role": "user", "content": "Go on."}
+    by_reference = client.responses.create(
+        model="m", input=[{"type": "item_reference", "id": asked}, *({"type": "item_reference", "id": item["id"]}
+                                                                      for item in answered), follow],
+        max_output_tokens=6, temperature=0)
+    whole = client.responses.create(model="m", input=[{"role": "user", "content": "Read the file."}, *answered, follow],
+                                    max_output_tokens=6, temperature=0)
+    assert by_reference.usage.input_tokens == whole.usage.input_tokens > first.usage.input_tokens
+    assert by_reference.output_text == whole.output_text
+    with pytest.raises(openai.BadRequestError, match="names no item"):
+        client.responses.create(model="m", input=[{"type": "item_reference", "id": "msg_nope"}], max_output_tokens=2)
+
+
 def test_response_store_is_bounded_and_survives_a_damaged_file(tmp_path):
     from mtplx.server.api_error import ApiError
     from mtplx.server.response_store import ResponseStore

@@ -85,6 +85,20 @@ class ResponseStore:
         row = self._row(response_id)
         return json.loads(row[2]) if row is not None and row[2] is not None else None
 
+    def item(self, item_id: str) -> dict | None:
+        """An input or output item of a kept response, by its id (what an `item_reference` names)."""
+        needle = json.dumps(item_id)  # as the id is written inside the kept JSON
+        with self.lock:
+            rows = [row[2:] for row in self.held.values()]
+            rows += self.db.execute("select response, input from responses where instr(coalesce(input, ''), ?) > 0 "
+                                    "or instr(coalesce(response, ''), ?) > 0", (needle, needle)).fetchall()
+        for response, inputs in rows:
+            output = json.loads(response).get("output", []) if response else []
+            for candidate in output + (json.loads(inputs) if inputs else []):
+                if isinstance(candidate, dict) and candidate.get("id") == item_id:
+                    return candidate
+        return None
+
     def _row(self, response_id: str) -> tuple[str, str | None, str | None] | None:
         with self.lock:
             if response_id in self.held:

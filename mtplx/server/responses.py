@@ -165,6 +165,9 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
     flag(body, "store", default=True)  # checked here; read where the response is kept (app.py)
     schema = output_format.from_responses(body.get("text"))
     names = ToolNames.of(body.get("tools"))  # namespace functions' prompt names, read once per request
+    if isinstance(body.get("input"), list) and any(isinstance(i, dict) and i.get("type") == "item_reference"
+                                                   for i in body["input"]):
+        body = {**body, "input": _referenced(body["input"], store)}
     messages = to_messages(body, store.get(previous) if previous else [], signer, names)
     tools = to_tools(body.get("tools"), names)
     mapped = {k: body[k] for k in ("temperature", "top_p") if k in body}
@@ -182,6 +185,23 @@ def parse_response_call(body: dict, defaults: SamplingParams, limit: int, store:
                     strict_tools=strict_names(body.get("tools")) + strict_shown(body.get("tools"), names),
                     prefill_only=cache_options(body).get("prewarm") is True,
                     template_kwargs=template_variables({}, effort_level(reasoning.get("effort"))))
+
+
+def _referenced(items: list, store: ResponseStore) -> list:
+    """`item_reference` items replaced by the kept items they name (an input or output item of a
+    response this server keeps)."""
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type") == "item_reference":
+            item_id = item.get("id")
+            found = store.item(item_id) if isinstance(item_id, str) else None
+            if found is None:
+                raise bad_request(f"input[{i}].id {item_id!r} names no item of a response this server keeps "
+                                  "(unknown, deleted, sent with store: false, or past the most recently used it keeps)",
+                                  f"input[{i}].id")
+            item = found
+        out.append(item)
+    return out
 
 
 def cache_options(body: dict) -> dict:
