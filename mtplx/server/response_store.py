@@ -90,8 +90,11 @@ class ResponseStore:
         needle = json.dumps(item_id)  # as the id is written inside the kept JSON
         with self.lock:
             rows = [row[2:] for row in self.held.values()]
-            rows += self.db.execute("select response, input from responses where instr(coalesce(input, ''), ?) > 0 "
-                                    "or instr(coalesce(response, ''), ?) > 0", (needle, needle)).fetchall()
+            try:
+                rows += self.db.execute("select response, input from responses where instr(coalesce(input, ''), ?) > 0 "
+                                        "or instr(coalesce(response, ''), ?) > 0", (needle, needle)).fetchall()
+            except sqlite3.Error as exc:  # what the disk cannot give is not kept, as for a row it lost
+                log.warning("%s: items not searched (%s)", self.label, exc)
         for response, inputs in rows:
             output = json.loads(response).get("output", []) if response else []
             for candidate in output + (json.loads(inputs) if inputs else []):
