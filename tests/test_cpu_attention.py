@@ -105,3 +105,33 @@ def test_big_prefill_chunks_take_the_kernel_and_short_steps_do_not(monkeypatch):
         q, k, v = _inputs(4, 2, queries, keys)
         cpu_attention.attention(q, k, v, scale=0.125, mask="causal" if queries > 1 else None)
     assert taken == [256, 17]  # 1M+ scores past 16 queries; a verify, a decode step, a small chunk keep MLX's path
+
+
+@needs_kernel
+def test_the_engine_invariants_hold_with_the_kernel_on_every_prefill_chunk(engine, every_prefill_call, monkeypatch):
+    """MTP greedy == AR greedy and chunking changes nothing, on both tiny models, with every prefill
+    chunk past 16 tokens through the kernel (by default only chunks of 1M+ scores: long prompts)."""
+    from test_mtp_exactness import _run
+    from mtplx.chat import render
+    from mtplx.engine.generation import Generation, StartPoint, events
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+    from mtplx.synth.agent import Sizes, conversation
+    from mtplx.synth.corpus import Corpus
+
+    convo = conversation(42, Corpus(), Sizes(10, 30), max_user_turns=1)
+    prompt = tuple(render(engine.checkpoint.tokenizer, convo["messages"][:4], convo["tools"]))
+    taken = []
+    fused = cpu_attention._fused
+    monkeypatch.setattr(cpu_attention, "_fused", lambda *a: taken.append(a[1].shape[2]) or fused(*a))
+    ar = _run(engine, prompt, use_mtp=False)
+    mtp = _run(engine, prompt, use_mtp=True, depth=3)
+    assert mtp.token_ids == ar.token_ids and taken  # the prompt's 64-token chunks went through the kernel
+    outs = []
+    for chunk in (17, 100, len(prompt)):
+        gen = Generation(engine.runner, GenerationRequest(prompt, SamplingParams(max_tokens=16)), use_mtp=False,
+                         depth=1, chunk_size=chunk, eos_ids=engine.eos_ids, submitted_at=0.0)
+        outs.append(engine.call(lambda: list(events(gen, StartPoint(), lambda: False)))[-1].token_ids)
+    assert outs[0] == outs[1] == outs[2] == ar.token_ids[:16]
+    monkeypatch.setattr(cpu_attention, "KERNEL_SCORES", 1 << 60)  # the vectorised MLX path: the same reply
+    assert _run(engine, prompt, use_mtp=False).token_ids == ar.token_ids
