@@ -87,7 +87,7 @@ class ResponseStore:
 
     def item(self, item_id: str) -> dict | None:
         """An input or output item of a kept response, by its id (what an `item_reference` names)."""
-        needle = json.dumps(item_id)  # as the id is written inside the kept JSON
+        needle = json.dumps(item_id, ensure_ascii=False)  # as the id is written inside the kept JSON
         with self.lock:
             rows = [row[2:] for row in self.held.values()]
             try:
