@@ -22,7 +22,7 @@ def of_request(body: dict) -> list[dict]:
         raw = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
     items = []
     for item in raw if isinstance(raw, list) else []:
-        item = {"type": "message", **item} if isinstance(item, dict) else {"type": "message", "content": item}
+        item = {"type": "message", **item}
         if isinstance(item.get("content"), str) and item["type"] == "message":
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": part, "text": item["content"]}]
