@@ -134,3 +134,44 @@ def test_blocked_prefill_recurrence_equals_mlx_lm_forward(hybrid_engine):
         hybrid_engine.call(work)
     finally:
         gdn_capture.install(hybrid_engine.runner.model, chunked)
+
+
+def test_head_step_over_pending_pairs_returns_only_the_last_and_stores_every_pair(engine):
+    """A draft chain starts from the last pending pair's head output; the others are only stored.
+    With `last` the head's cache ends the same as a full step's, and the returned row equals the
+    full step's last row (alone, and per row of a right-padded batch)."""
+    from mtplx.engine.batch_cache import RaggedKVCache
+
+    def work():
+        runner = engine.runner
+        steps = runner._head_steps
+        try:
+            check(runner)
+            runner._head_steps = None  # mlx-lm's module forward, as for families without compiled steps
+            check(runner)
+        finally:
+            runner._head_steps = steps
+
+    def check(runner):
+        prompt = list(range(10, 130))
+        (_, full_head), (_, last_head) = _pair(runner, prompt)
+        hidden = mx.random.normal((1, 5, runner.mtp.fc.weight.shape[0]), key=mx.random.key(3))
+        tokens = [301, 302, 303, 304, 305]
+        full = runner.draft_hidden(hidden, tokens, full_head)
+        last = runner.draft_hidden(hidden, tokens, last_head, last=True)
+        assert last.shape == (1, 1, full.shape[-1])
+        assert mx.allclose(last, full[:, -1:], atol=1e-5).item()
+        assert all(_same(x, y) for x, y in zip(_state_arrays([full_head]), _state_arrays([last_head])))
+
+        # Two rows, right-padded to 5 pairs: row 0 has 5, row 1 has 2 (its last at index 1).
+        rows = [_pair(runner, prompt)[0][1], _pair(runner, prompt[:-7])[0][1]]
+        batch = RaggedKVCache.from_rows(rows)
+        both = mx.concatenate([hidden, hidden[:, ::-1]])
+        ids = mx.array([tokens, tokens[::-1]])
+        got = runner.draft_hidden(both, ids, batch, last=mx.array([4, 1]))
+        assert got.shape == (2, 1, full.shape[-1])
+        for b, (row, n) in enumerate(zip(rows, (5, 2))):
+            alone = runner.draft_hidden(both[b : b + 1, :n], ids[b, :n].tolist(), row)
+            assert mx.allclose(got[b], alone[0, -1:], atol=1e-5).item()
+
+    engine.call(work)

@@ -142,9 +142,9 @@ class DecodeBatch:
         P = max(counts)
         hidden = mx.concatenate([_pad(s.pending_hidden, P) for s in specs])
         tokens = mx.array([s.pending_tokens + [0] * (P - n) for s, n in zip(specs, counts)])
-        m = self.runner.draft_hidden(hidden, tokens, self.mtp)
+        m = self.runner.draft_hidden(hidden, tokens, self.mtp, last=mx.array(counts) - 1)
         self.mtp.trim_rows([P - n for n in counts])
-        return m[mx.arange(len(specs)), mx.array(counts) - 1][:, None, :]
+        return m
 
     def _draft_lazy(self, m: mx.array, k: int) -> tuple[mx.array, None]:
         """k greedy drafts per row as a lazy (B, k) array (rows allowed fewer judge only theirs)."""

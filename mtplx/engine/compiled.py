@@ -90,7 +90,11 @@ class AttentionStep:
 
         self.before, self.after = mx.compile(before), mx.compile(after)
 
-    def __call__(self, x, cache: KVCache, *extra):
+    def __call__(self, x, cache: KVCache, *extra, last: bool | mx.array = False):
+        """`last`: every position's keys and values go to the cache, but only the last position
+        (or each row's, given as a (B,) index array) attends and runs the rest of the layer, the
+        output being (B, 1, H): what a head step over several pending pairs needs, since only the
+        last pair's output starts a draft chain."""
         mask = create_attention_mask(x, cache)
         if self.table is None:
             rope = mx.array(cache.offset)
@@ -100,6 +104,15 @@ class AttentionStep:
             rope = self.table.at(cache.offset, x.shape[1])
         x, q, k, v, *gate = self.before(x, rope, *extra)
         keys, values = cache.update_and_fetch(k, v)
+        if isinstance(last, mx.array):  # each row's own last position (a batch, right-padded)
+            at = last[:, None, None]
+            q, x = mx.take_along_axis(q, at[..., None], axis=2), mx.take_along_axis(x, at, axis=1)
+            gate = [mx.take_along_axis(g, at, axis=1) for g in gate]
+            mask = mx.take_along_axis(mask, at[..., None], axis=2)  # a ragged cache's mask is an array
+        elif last and q.shape[2] > 1:
+            # The last query sees every key: a causal mask's last row is all open.
+            q, x, gate = q[:, :, -1:], x[:, -1:], [g[:, -1:] for g in gate]
+            mask = mask[..., -1:, :] if isinstance(mask, mx.array) else None
         o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.after(x, o, *gate)
 
@@ -236,8 +249,8 @@ class HeadStep:
     def usable(self, embeds: mx.array, cache) -> bool:
         return type(cache) in (KVCache, RaggedKVCache) and _rows_fit(embeds.shape[0], [cache]) and embeds.shape[1] <= STEP_TOKENS
 
-    def __call__(self, hidden: mx.array, embeds: mx.array, cache: KVCache) -> mx.array:
-        out = self.step(hidden, cache, embeds)
+    def __call__(self, hidden: mx.array, embeds: mx.array, cache: KVCache, last: bool | mx.array = False) -> mx.array:
+        out = self.step(hidden, cache, embeds, last=last)
         if PIPELINE and self.pipeline:
             mx.async_eval(out)  # a draft chain's next step is built while this one computes
         return out

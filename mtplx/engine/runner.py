@@ -152,12 +152,18 @@ class ModelRunner:
     def embed(self, tokens: list[int] | mx.array) -> mx.array:
         return self.embedding(_batch(tokens))
 
-    def draft_hidden(self, hidden: mx.array, next_tokens: list[int] | mx.array, mtp_cache: KVCache) -> mx.array:
-        """MTP head over (hidden[t], token[t+1]) pairs; returns its hidden states (1, T, H)."""
+    def draft_hidden(self, hidden: mx.array, next_tokens: list[int] | mx.array, mtp_cache: KVCache,
+                     last: bool | mx.array = False) -> mx.array:
+        """MTP head over (hidden[t], token[t+1]) pairs; returns its hidden states (B, T, H). With
+        `last` only the last pair's (True) or each row's pair at the given index ((B,) array) is
+        returned, (B, 1, H): the others are stored in the cache, their outputs never computed."""
         embeds = self.embed(next_tokens)
         if self._head_steps is not None and self._head_steps.usable(embeds, mtp_cache):
-            return self._head_steps(hidden, embeds, mtp_cache)
-        return self.mtp(hidden, embeds, mtp_cache)
+            return self._head_steps(hidden, embeds, mtp_cache, last=last)
+        out = self.mtp(hidden, embeds, mtp_cache)
+        if isinstance(last, mx.array):
+            return mx.take_along_axis(out, last[:, None, None], axis=1)
+        return out[:, -1:, :] if last else out
 
     def extend_head(self, hidden: mx.array, next_tokens: list[int] | mx.array, mtp_cache: KVCache) -> None:
         """The MTP head's cache over (hidden[t], token[t+1]) pairs whose outputs nobody reads (a

@@ -111,7 +111,7 @@ class Speculator:
     def _draft(self, k: int) -> tuple[list[int], list]:
         """k drafts, each read on the host (a tool rule or sampling needs the tokens as ints)."""
         runner = self.runner
-        m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
+        m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp, last=True)
         drafts, dists = [], []
         narrow = self.shape is None and self.mask is None  # a rule reads the whole vocabulary
         for i in range(k):
@@ -132,7 +132,7 @@ class Speculator:
         """k greedy drafts as one lazy (k,) array: each argmax feeds the next head step on the
         device, so the chain and the verify after it run as one graph with one host sync."""
         runner = self.runner
-        m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp)[:, -1:, :]
+        m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp, last=True)
         drafts = []
         for i in range(k):
             if self.mask is None:
