@@ -108,10 +108,15 @@ class Speculator:
         self.prediction, self.reply, self.head = prediction, reply, head
         self.predicted = False  # whether the last round's drafts came from the prediction
 
+    def _chain_start(self) -> mx.array:
+        """The head's output for the last pending pair, (1, 1, H), which starts a draft chain; the
+        pairs before it only have their keys and values stored."""
+        return self.runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp, last=True)
+
     def _draft(self, k: int) -> tuple[list[int], list]:
         """k drafts, each read on the host (a tool rule or sampling needs the tokens as ints)."""
         runner = self.runner
-        m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp, last=True)
+        m = self._chain_start()
         drafts, dists = [], []
         narrow = self.shape is None and self.mask is None  # a rule reads the whole vocabulary
         for i in range(k):
@@ -132,7 +137,7 @@ class Speculator:
         """k greedy drafts as one lazy (k,) array: each argmax feeds the next head step on the
         device, so the chain and the verify after it run as one graph with one host sync."""
         runner = self.runner
-        m = runner.draft_hidden(self.pending_hidden, self.pending_tokens, self.state.mtp, last=True)
+        m = self._chain_start()
         drafts = []
         for i in range(k):
             if self.mask is None:
