@@ -270,6 +270,12 @@ class Engine:
                 self._queues[session] = pending
             return sub
 
+    def _admits_more(self) -> bool:
+        """Whether another request waits and the scheduler has room for it now."""
+        with self._lock:
+            pending = next((q for session, q in self._queues.items() if session != "__call__"), None)
+            return pending is not None and self.scheduler.can_admit(self._cost(pending[0].request))
+
     @property
     def _stepping(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_work
@@ -418,7 +424,9 @@ class Engine:
             with self._lock:  # active from here: a crash from now on fails it too (_fail_all)
                 self._active[work.request.request_id] = work
             self.scheduler.reap_cancelled()  # an abandoned prompt's prefix is banked before this plans
-            self._begin(work)  # one admission per step, then the step
+            self._begin(work)
+            if self._admits_more():  # a burst is admitted whole, then prefilled in one step (scheduler.step)
+                return
         if self.scheduler.has_work:
             self.scheduler.step()
 
@@ -472,6 +480,7 @@ class Engine:
             else:
                 start, checkpoints, hook = StartPoint(), (), None
             seq.prefill = gen.prefill(start, checkpoints, hook, self._cancelled(sub))
+            seq.todo = len(request.prompt) - (start.state.length if start.state is not None else 0)
         except Exception as exc:
             if not isinstance(exc, RequestError):
                 log.exception("request %s failed", request.request_id)

@@ -1,8 +1,10 @@
 """The scheduler: which work each engine step runs, in the spirit of nano-vllm's step().
 
-One step = up to `chunk_size` prompt tokens of prefill for one admitted request (round-robin
-among those prefilling, so a short request arriving while a long one streams gets its first
-token after a chunk, not after the other's reply), then one decode step for every running
+One step = up to `chunk_size` prompt tokens of prefill (round-robin among the admitted requests
+prefilling, so a short request arriving while a long one streams gets its first token after a
+chunk, not after the other's reply; requests after the first in line join the step only if
+their whole remaining prompt fits what is left, so a burst of short ones, an agent's parallel
+subagents, starts together and joins the batch in one merge), then one decode step for every running
 sequence: sequences of one mode (MTP or AR) that can share a batch run as ONE batched forward
 (batch.DecodeBatch), any other runs alone. Each request still gets exactly its events of today:
 Restored, PrefillProgress, FirstToken, Tokens, DraftVerified, Finished.
@@ -24,7 +26,7 @@ from typing import Callable
 from mtplx.engine.batch import DecodeBatch, can_batch
 from mtplx.engine.generation import Generation
 from mtplx.errors import RequestError
-from mtplx.events import PrefillProgress
+from mtplx.events import PrefillProgress, Restored
 
 log = logging.getLogger("mtplx.engine")
 
@@ -39,6 +41,7 @@ class Sequence:
     reserved: int  # KV bytes reserved at admission (scheduler.kv_bytes)
     bank_turn: object = None  # the engine's: the bank's side of this request (BankedTurn), if banked
     prefilled: int = 0  # prompt tokens computed so far (PrefillProgress.done)
+    todo: int | None = None  # prompt tokens left to compute, once known (Restored, PrefillProgress)
     decoding: bool = False
 
     @property
@@ -111,12 +114,24 @@ class Scheduler:
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> None:
-        if self.prefilling:
-            seq = self.prefilling.popleft()
+        budget, joining = self.chunk_size, []
+        for _ in range(len(self.prefilling)):  # each sequence at most once a step
+            seq = self.prefilling[0]
+            if budget < self.chunk_size and (seq.todo is None or seq.todo > budget):
+                break  # the decoding rows wait for one chunk's worth of prompt, never more
+            self.prefilling.popleft()
+            spent = self._prefill(seq, budget)
+            budget -= spent
+            if seq.decoding:
+                joining.append(seq)
+            if budget <= 0:
+                break
+        for key in dict.fromkeys(self._key(s) for s in joining):  # one merge per batch, however many join
+            rows = [s for s in joining if self._key(s) == key]
             try:
-                self._prefill(seq)
-            except Exception as exc:  # joining its batch failed: that request fails, the rest goes on
-                self._drop_group(self._key(seq), exc, also=[seq])
+                self._regroup(key, self.groups.get(key, []) + rows)
+            except Exception as exc:  # joining its batch failed: those requests fail, the rest goes on
+                self._drop_group(key, exc, also=rows)
         for key in list(self.groups):
             try:
                 self._decode(key)
@@ -131,31 +146,37 @@ class Scheduler:
         for seq in rows + [s for s in also if s not in rows]:
             self._fail(seq, exc)
 
-    def _prefill(self, seq: Sequence) -> None:
+    def _prefill(self, seq: Sequence, budget: int) -> int:
+        """Up to `budget` prompt tokens of `seq` (a chunk may overshoot it); once its prompt is in,
+        its first token, and it is marked decoding for the caller to join. Returns tokens spent."""
         self.current = seq.request_id
-        budget = self.chunk_size
+        spent = 0
         try:
-            while budget > 0:
+            while spent < budget:
                 event = next(seq.prefill, None)
                 if event is None:
                     seq.prefill = None
                     break
                 self.publish(seq, event)
-                if isinstance(event, PrefillProgress):
-                    budget -= event.done - seq.prefilled
-                    seq.prefilled = event.done
+                if isinstance(event, Restored):
+                    seq.todo = event.prompt_tokens - event.cached_tokens
+                elif isinstance(event, PrefillProgress):
+                    spent += event.done - seq.prefilled
+                    seq.prefilled, seq.todo = event.done, event.total - event.done
             if seq.prefill is not None:
                 self.prefilling.append(seq)  # more chunks: back of the line
-                return
+                return spent
             if seq.gen.finish_reason is None:  # the prompt is in: the first token now, alone
                 for event in seq.gen.first_token():
                     self.publish(seq, event)
         except Exception as exc:  # its own prefill failed: only this request
-            return self._fail(seq, exc)
+            self._fail(seq, exc)
+            return spent
         if seq.gen.finish_reason is not None:
-            return self._end(seq)
+            self._end(seq)
+            return spent
         seq.decoding = True
-        self._join(seq)
+        return spent
 
     def _decode(self, key) -> None:
         rows = self.groups[key]
@@ -192,10 +213,6 @@ class Scheduler:
         if not can_batch(seq.gen):
             return ("alone", seq.request_id)
         return "mtp" if seq.gen.speculator is not None else "ar"
-
-    def _join(self, seq: Sequence) -> None:
-        key = self._key(seq)
-        self._regroup(key, self.groups.get(key, []) + [seq])
 
     def _leave(self, key, leaving: list[Sequence]) -> None:
         self._regroup(key, [s for s in self.groups[key] if s not in leaving])
