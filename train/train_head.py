@@ -22,7 +22,6 @@ import argparse
 import functools
 import json
 import math
-import random
 import shutil
 import time
 from pathlib import Path
@@ -83,7 +82,7 @@ def train(args: argparse.Namespace) -> None:
     load_export(model, args.model)
     model.trunk.requires_grad_(False)
     model.trunk.eval()
-    params = [p for p in model.mtp.parameters()]
+    params = list(model.mtp.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     weights = [1.0, 0.8, 0.6, 0.5, 0.4, 0.3][: args.levels]
     gen = torch.Generator().manual_seed(args.seed)
@@ -136,5 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    random.seed(0)
     main()

@@ -26,7 +26,7 @@ from typing import Callable
 from mtplx.engine.batch import DecodeBatch, can_batch
 from mtplx.engine.generation import Generation
 from mtplx.errors import RequestError
-from mtplx.events import PrefillProgress, Restored
+from mtplx.events import PrefillProgress
 
 log = logging.getLogger("mtplx.engine")
 
@@ -41,7 +41,7 @@ class Sequence:
     reserved: int  # KV bytes reserved at admission (scheduler.kv_bytes)
     bank_turn: object = None  # the engine's: the bank's side of this request (BankedTurn), if banked
     prefilled: int = 0  # prompt tokens computed so far (PrefillProgress.done)
-    todo: int | None = None  # prompt tokens left to compute, once known (Restored, PrefillProgress)
+    todo: int | None = None  # prompt tokens left to compute (set at admission from the restore, then per chunk)
     decoding: bool = False
 
     @property
@@ -158,9 +158,7 @@ class Scheduler:
                     seq.prefill = None
                     break
                 self.publish(seq, event)
-                if isinstance(event, Restored):
-                    seq.todo = event.prompt_tokens - event.cached_tokens
-                elif isinstance(event, PrefillProgress):
+                if isinstance(event, PrefillProgress):
                     spent += event.done - seq.prefilled
                     seq.prefilled, seq.todo = event.done, event.total - event.done
             if seq.prefill is not None:
