@@ -223,6 +223,11 @@ class RankEngine(Engine):
             return sub
         return _Call(lambda: None, _Sink())
 
+    def _admits_more(self) -> bool:
+        # Whether to admit the next request before stepping is read from the local queue, which
+        # only rank 0 has: the ranks would part ways. So here a burst is admitted one per pass.
+        return False
+
     def _step(self, work) -> None:
         try:
             with self.group.watch(f"engine step after decision {self.passes}"):
