@@ -1,5 +1,7 @@
-"""Compiled short steps (engine/compiled.py) give mlx-lm's forward bit for bit: hidden states,
-logits, KV and recurrent caches, the states a capturing verify records, and the MTP head."""
+"""Compiled short steps (engine/compiled.py) give the modules' forward bit for bit: hidden states,
+logits, KV and recurrent caches, the states a capturing verify records, and the MTP head. The
+attention layers are mlx-lm's; a GatedDeltaNet layer is gdn_capture's (gdn_step's recurrence,
+mlx-lm's to float32 rounding)."""
 
 from __future__ import annotations
 
@@ -104,10 +106,11 @@ def test_long_inputs_and_batches_are_not_steps(dense_engine):
     assert not steps.usable(mx.zeros((2, 1), dtype=mx.int32), cache)
 
 
-def test_blocked_prefill_recurrence_equals_mlx_lm_forward(hybrid_engine):
+def test_blocked_prefill_recurrence_equals_the_step_function(hybrid_engine, monkeypatch):
     """A prefill chunk's GatedDeltaNet recurrence in compiled blocks (gdn_capture.BLOCK) gives
-    mlx-lm's own forward bit for bit: hidden states and both caches, for chunk lengths that are and
-    are not multiples of the block."""
+    the step function run one position at a time bit for bit (hidden states and both caches, for
+    chunk lengths that are and are not multiples of the block), and mlx-lm's own forward to
+    float32 rounding."""
     from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
     from mtplx.engine import gdn_capture
@@ -117,23 +120,30 @@ def test_blocked_prefill_recurrence_equals_mlx_lm_forward(hybrid_engine):
     assert layers and all(isinstance(n, gdn_capture.CapturingGatedDeltaNet) for n in layers)
     chunked = layers[0].chunked
 
+    def prefill(cls, block):
+        monkeypatch.setattr(gdn_capture, "BLOCK", block)
+        for n in layers:
+            n.__class__, n.chunked = cls, False  # the blocked path (test_gdn_prefill: the chunked one)
+        cache = runner.new_trunk_cache()
+        hidden = [runner.hidden(list(range(10 + s, 10 + s + length)), cache)
+                  for s, length in ((0, 256), (256, 37), (293, 16))]
+        mx.eval(hidden, _state_arrays(cache))
+        return hidden, _state_arrays(cache)
+
     def work():
-        out = []
-        for cls in (GatedDeltaNet, gdn_capture.CapturingGatedDeltaNet):  # mlx-lm's class, then ours
-            for n in layers:
-                n.__class__, n.chunked = cls, False  # the blocked path (test_gdn_prefill: the chunked one)
-            cache = runner.new_trunk_cache()
-            hidden = [runner.hidden(list(range(10 + s, 10 + s + length)), cache)
-                      for s, length in ((0, 256), (256, 37), (293, 16))]
-            mx.eval(hidden, _state_arrays(cache))
-            out.append((hidden, _state_arrays(cache)))
-        (ha, ca), (hb, cb) = out
-        assert all(_same(a, b) for a, b in zip(ha, hb)) and all(_same(a, b) for a, b in zip(ca, cb))
+        blocked = prefill(gdn_capture.CapturingGatedDeltaNet, gdn_capture.BLOCK)
+        stepwise = prefill(gdn_capture.CapturingGatedDeltaNet, 10**6)  # one uncompiled position at a time
+        theirs = prefill(GatedDeltaNet, gdn_capture.BLOCK)
+        return blocked, stepwise, theirs
 
     try:
-        hybrid_engine.call(work)
+        (ha, ca), (hb, cb), (hc, cc) = hybrid_engine.call(work)
     finally:
         gdn_capture.install(hybrid_engine.runner.model, chunked)
+    assert all(_same(a, b) for a, b in zip(ha, hb)) and all(_same(a, b) for a, b in zip(ca, cb))
+    for a, c in zip(ha + ca, hc + cc):
+        scale = max(1.0, mx.abs(c).max().item())
+        assert a.shape == c.shape and mx.abs(a.astype(mx.float32) - c.astype(mx.float32)).max().item() <= 1e-4 * scale
 
 
 def test_head_step_over_pending_pairs_returns_only_the_last_and_stores_every_pair(engine):

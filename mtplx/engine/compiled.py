@@ -27,7 +27,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.qwen3 import Attention as Qwen3Attention
 from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
-from mtplx.engine import fused_projections, preemption, rotary_table
+from mtplx.engine import fused_projections, gdn_step, preemption, rotary_table
 from mtplx.engine.batch_cache import RaggedKVCache
 
 STEP_TOKENS = 16  # longer inputs (prefill chunks) run mlx-lm's forward
@@ -129,7 +129,7 @@ def _joint_norm_weight(q_norm, k_norm, heads: int, kv_heads: int) -> mx.array | 
 
 class RecurrentStep:
     """One GatedDeltaNet decoder layer, compiled whole: the same steps as gdn_capture's capturing
-    forward (itself mlx-lm's CPU recurrence), with the per-position states when capturing."""
+    forward (gdn_step's recurrence), with the per-position states when capturing."""
 
     def __init__(self, layer, leave=None):
         net = layer.linear_attn
@@ -154,19 +154,13 @@ class RecurrentStep:
             if (repeat := net.num_v_heads // net.num_k_heads) > 1:
                 q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
             ys, positions = [], []
-            # mlx-lm's _gated_delta_step_ops, position by position: the same arithmetic, with its
-            # broadcasting axes added once for all positions and the state carrying the position
-            # axis (size 1), so a step is its arithmetic alone, without per-step view ops.
-            steps = zip(*(mx.split(a, S, axis=1) if S > 1 else [a] for a in
-                          (q[..., None, :], k[..., None, :], v, g[..., None, None], beta[..., None])))
+            # gdn_step's recurrence, position by position, the state carrying the position axis
+            # (size 1) so each step takes its split inputs without per-step view ops.
+            steps = zip(*(mx.split(a, S, axis=1) if S > 1 else [a] for a in (q, k, v, g, beta)))
             state = state[:, None]
             for t, (qt, kt, vt, gt, bt) in enumerate(steps):
-                # The decayed state is written twice, in two operand orders (products commute
-                # exactly), so compile fuses each use into its own kernel instead of storing it
-                # between them: one op fewer per position and layer, the same bits.
-                delta = (vt - ((gt * state) * kt).sum(axis=-1)) * bt
-                state = state * gt + kt * delta[..., None]
-                ys.append((state * qt).sum(axis=-1).astype(qt.dtype))
+                y, state = gdn_step.step(qt, kt, vt, gt, bt, state)
+                ys.append(y)
                 if capture:
                     positions += [conv_input[:, t + 1 : t + 1 + keep, :], state[:, 0]]
             state = state[:, 0]

@@ -5,9 +5,9 @@ only j+1 are kept, the conv tail and the recurrent state must be what feeding on
 would give. Rather than replaying the kept tokens, the verify forward records the state after
 every position, and rollback picks the right one.
 
-On CPU mlx-lm already runs the recurrence step by step (`gated_delta_ops`); the capturing path
-runs the very same step function in the same order, so a kept state is bit-identical to the one
-an autoregressive feed produces. Only mlx-lm's `qwen3_5` GatedDeltaNet is handled; other
+Every path here runs gdn_step's step function position by position, as the compiled decode
+steps do (compiled.py), so a kept state is bit-identical to the one an autoregressive feed
+produces. Only mlx-lm's `qwen3_5` GatedDeltaNet is handled; other
 recurrent layers fall back to snapshot-and-replay (see `rollback.py`).
 """
 
@@ -18,21 +18,21 @@ import mlx.nn as nn
 from mlx_lm.models import gated_delta
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
-from mtplx.engine import gdn_prefill
+from mtplx.engine import gdn_prefill, gdn_step
 
 
-# A prefill chunk's recurrence runs in compiled blocks of this many positions. mlx-lm's CPU path
-# (`gated_delta_ops`) dispatches ~8 ops per position per layer, so a 256-token chunk was thousands
-# of tiny ops; compiled, a block's elementwise steps fuse into a few kernels. The arithmetic is the
-# same step function in the same order (bit-identical, tests/test_compiled_steps.py).
+# A prefill chunk's recurrence runs in compiled blocks of this many positions. Step by step it
+# dispatches several ops per position per layer, so a 256-token chunk was thousands of tiny ops;
+# compiled, a block's elementwise steps fuse into a few kernels. The arithmetic is the same step
+# function in the same order (bit-identical, tests/test_compiled_steps.py).
 BLOCK = 16
 
 
 def _recurrence(q, k, v, g, beta, state):
-    """mlx-lm's step function over each position of the inputs, in order: (ys, final state)."""
+    """gdn_step's step over each position of the inputs, in order: (ys, final state)."""
     ys = []
     for t in range(q.shape[1]):
-        y, state = gated_delta._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
+        y, state = gdn_step.step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
         ys.append(y)
     return mx.stack(ys, axis=1), state
 
@@ -41,7 +41,8 @@ _block = mx.compile(_recurrence)
 
 
 class CapturingGatedDeltaNet(GatedDeltaNet):
-    """Same weights and outputs; when `cache.capture` is set it also fills `cache.positions`
+    """Same weights; outputs equal mlx-lm's to float32 rounding (gdn_step sums in another order).
+    When `cache.capture` is set it also fills `cache.positions`
     with (conv_tail, recurrent_state) after each input position, and with `cache.stops` (input
     positions) it fills `cache.stopped` {stop: (conv_tail, state)} there. A longer input without capture
     (a prefill chunk) runs its recurrence in matrix form where `chunked` is set (gdn_prefill.py),
@@ -52,8 +53,10 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
     def __call__(self, inputs: mx.array, mask=None, cache=None) -> mx.array:
         capture = cache is not None and getattr(cache, "capture", False)
         stops = getattr(cache, "stops", ()) if cache is not None else ()
-        blocked = not capture and (inputs.shape[1] >= BLOCK or bool(stops))
-        if cache is None or mask is not None or cache.lengths is not None or not (capture or blocked):
+        # mlx-lm's own forward only where a batch's padding is masked: elsewhere every input runs
+        # gdn_step's arithmetic, the one the compiled decode steps use (a state left by a short
+        # feed here must equal theirs bit for bit).
+        if cache is None or mask is not None or cache.lengths is not None:
             return super().__call__(inputs, mask, cache)
         B, S, _ = inputs.shape
         keep = self.conv_kernel_size - 1
@@ -79,7 +82,7 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         ys, positions = [], []
         if capture:
             for t in range(S):
-                y, state = gated_delta._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
+                y, state = gdn_step.step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
                 ys.append(y[:, None])
                 positions.append((conv_input[:, t + 1 : t + 1 + keep, :], state))
             cache.positions = positions
