@@ -40,7 +40,7 @@ def test_the_exponent_is_accurate_over_the_softmax_range():
 
 
 def test_small_calls_and_sinks_use_mlx_kernel():
-    q, k, v = _inputs(4, 2, 1, 3000)
+    q, k, v = _inputs(4, 2, 1, 1000)  # a decode step below FEW_FROM_KEYS
     assert mx.array_equal(cpu_attention.attention(q, k, v, scale=0.125), cpu_attention._mlx_attention(q, k, v, scale=0.125)).item()
     q, k, v = _inputs(4, 2, 3, 100)  # a verify at short context: below SMALL
     assert mx.array_equal(cpu_attention.attention(q, k, v, scale=0.125, mask="causal"),
@@ -97,14 +97,58 @@ def test_the_kernel_can_be_switched_off(monkeypatch, every_prefill_call):
 
 
 @needs_kernel
-def test_big_prefill_chunks_take_the_kernel_and_short_steps_do_not(monkeypatch):
+def test_big_prefill_chunks_take_the_kernel_and_short_steps_at_long_context_its_few_row_entry(monkeypatch):
     taken = []
     fused = cpu_attention._fused
-    monkeypatch.setattr(cpu_attention, "_fused", lambda *a: taken.append(a[1].shape[2]) or fused(*a))
-    for queries, keys in ((256, 1024), (17, 16384), (64, 2000), (16, 8000), (5, 8000), (1, 8000)):
+    monkeypatch.setattr(cpu_attention, "_fused", lambda *a, **kw: taken.append((a[1].shape[2], kw.get("few", False)))
+                        or fused(*a, **kw))
+    for queries, keys in ((256, 1024), (17, 16384), (64, 2000), (16, 8000), (5, 8000), (1, 8000), (5, 1000), (1, 1000)):
         q, k, v = _inputs(4, 2, queries, keys)
         cpu_attention.attention(q, k, v, scale=0.125, mask="causal" if queries > 1 else None)
-    assert taken == [256, 17]  # 1M+ scores past 16 queries; a verify, a decode step, a small chunk keep MLX's path
+    # 1M+ scores past 16 queries: the kernel; up to 16 queries over 2k+ keys: its few-row entry;
+    # a small chunk, and short steps at short context keep MLX's path
+    assert taken == [(256, False), (17, False), (16, True), (5, True), (1, True)]
+
+
+@pytest.fixture
+def every_short_step(monkeypatch):
+    """The few-row entry for every call of up to FEW_UP_TO queries, however few keys."""
+    monkeypatch.setattr(cpu_attention, "FEW_FROM_KEYS", 0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 64), (16, 2, 128), (6, 6, 80), (8, 1, 256), (2, 2, 24)])
+def test_the_few_row_entry_matches_mlx_on_decode_shapes(heads, kv_heads, dim, every_short_step):
+    """Decode steps, verifies and drafts (1-16 queries) over strided views of a cache, as MLX hands
+    them over; more rows per key group than the entry takes (8 heads on 1, 16 queries) fall back."""
+    mx.random.seed(2)
+    for queries, keys in ((1, 37), (1, 700), (4, 700), (16, 300), (5, 9)):
+        q = mx.random.normal((2, queries, heads, dim)).transpose(0, 2, 1, 3)
+        buffer = mx.random.normal((2, kv_heads, 768, dim)) * 2
+        k, v = buffer[:, :, :keys], mx.random.normal((2, kv_heads, 768, dim))[:, :, :keys]
+        mask = "causal" if queries > 1 else None
+        want = cpu_attention._mlx_attention(q, k, v, scale=dim**-0.5, mask=mask)
+        got = cpu_attention.attention(q, k, v, scale=dim**-0.5, mask=mask)
+        assert mx.allclose(got, want, atol=1e-5, rtol=1e-5).item(), (queries, keys, mx.max(mx.abs(got - want)).item())
+
+
+@needs_kernel
+def test_a_verify_row_has_the_decode_steps_bits(every_short_step):
+    """Each query row of a verify over k+1 positions equals, bit for bit, a one-query call at its
+    position (the decode step that would have produced it): MTP's rows are AR's."""
+    q, k, v = _inputs(4, 2, 5, 900, seed=4)
+    verify = cpu_attention.attention(q, k, v, scale=0.125, mask="causal")
+    for i in range(5):
+        end = 900 - 4 + i
+        step = cpu_attention.attention(q[:, :, i:i + 1], k[:, :, :end], v[:, :, :end], scale=0.125)
+        assert mx.array_equal(step, verify[:, :, i:i + 1]).item(), i
+
+
+@needs_kernel
+def test_the_few_row_entry_can_be_switched_off(monkeypatch, every_short_step):
+    q, k, v = _inputs(4, 2, 1, 3000)
+    monkeypatch.setattr(cpu_attention, "FEW", False)
+    assert mx.array_equal(cpu_attention.attention(q, k, v, scale=0.125), cpu_attention._mlx_attention(q, k, v, scale=0.125)).item()
 
 
 @needs_kernel
@@ -135,3 +179,22 @@ def test_the_engine_invariants_hold_with_the_kernel_on_every_prefill_chunk(engin
     assert outs[0] == outs[1] == outs[2] == ar.token_ids[:16]
     monkeypatch.setattr(cpu_attention, "KERNEL_SCORES", 1 << 60)  # the vectorised MLX path: the same reply
     assert _run(engine, prompt, use_mtp=False).token_ids == ar.token_ids
+
+
+@needs_kernel
+def test_the_engine_invariants_hold_with_the_few_row_entry_on_every_short_step(engine, every_short_step, monkeypatch):
+    """MTP greedy == AR greedy on both tiny models with every decode step, verify and draft through
+    the few-row entry (by default only at 2k+ keys of context)."""
+    from test_mtp_exactness import _run
+    from mtplx.chat import render
+    from mtplx.synth.agent import Sizes, conversation
+    from mtplx.synth.corpus import Corpus
+
+    convo = conversation(43, Corpus(), Sizes(10, 30), max_user_turns=1)
+    prompt = tuple(render(engine.checkpoint.tokenizer, convo["messages"][:4], convo["tools"]))
+    taken = []
+    fused = cpu_attention._fused
+    monkeypatch.setattr(cpu_attention, "_fused", lambda *a, **kw: taken.append(kw.get("few", False)) or fused(*a, **kw))
+    ar = _run(engine, prompt, use_mtp=False)
+    mtp = _run(engine, prompt, use_mtp=True, depth=3)
+    assert mtp.token_ids == ar.token_ids and any(taken)

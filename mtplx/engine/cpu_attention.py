@@ -18,7 +18,7 @@ one) go further, to a C kernel (mtplx/native/attention.c) that computes scores, 
 per block of rows on two threads without a score matrix in memory: on tiny-dense a cold 3k-token
 prefill took 0.9 s instead of 1.5 s (attention was three quarters of it). Among the calls it
 takes, each row's bits are the same whatever call it came in. MTPLX_ATTENTION_KERNEL=off keeps
-the MLX path for them.
+the MLX path for them. The short steps at 2k+ keys take its entry for a few query rows (FEW_*).
 
 Installed only on the CPU backend with fp32 compute (the fast path): every attention call of the
 process then goes through it, so cold, restored, AR, MTP and batched paths all compute with the
@@ -96,6 +96,18 @@ SMALL = 4096
 # of the vectorised path through the kernel, at 8k (2M) 1.35x, 256-token chunks at 1k+ 2x and more.
 KERNEL_FROM = 16
 KERNEL_SCORES = 1 << 20
+
+# The short steps (decode, verify, draft: up to FEW_UP_TO queries) at FEW_FROM_KEYS keys and more
+# go to the kernel's entry for a few query rows (`mtplx_attention_few`): it reads keys and values
+# in place, once, and a row's bits do not depend on the call's query count, so a verify's rows
+# are the decode step's. Alone, 4 heads over 2 key heads: one query over 3k / 8k keys 0.18 /
+# 0.46 ms against MLX's 0.36 / 0.88, four 0.35 / 0.71 against 0.64 / 1.40. In a forward it pays
+# the sync too: on tiny-dense, side by side (bench/decode_attention.py), an MTP round at depth 3
+# over 300 keys took 3.51 ms with it against 2.92, over 1k 4.84 against 4.62, over 3k 6.32
+# against 7.51, over 7k 9.91 against 12.78; hence the threshold.
+FEW_UP_TO = 16  # queries: compiled.STEP_TOKENS
+FEW_FROM_KEYS = 2048
+FEW = True  # bench/decode_attention.py switches it for its side-by-side
 KERNEL_ENV = native_build.ATTENTION_ENV
 _THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
@@ -109,17 +121,19 @@ def kernel() -> tuple[ctypes.CDLL | None, str | None]:
     if lib is None:
         return None, why
     try:
-        entry = lib.mtplx_attention
+        entries = lib.mtplx_attention, lib.mtplx_attention_few
     except AttributeError:  # a library under the cached name that is not this kernel
         return None, f"{native_build.ATTENTION.built()} lacks mtplx_attention"
-    entry.restype = ctypes.c_int
-    entry.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 3) * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    for entry in entries:
+        entry.restype = ctypes.c_int
+        entry.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 3) * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + \
+            [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     return lib, None
 
 
-def _fused(lib, q, k, v, scale: float, causal: bool) -> mx.array | None:
-    """The kernel's attention (None: it declined the shapes, or had no memory)."""
+def _fused(lib, q, k, v, scale: float, causal: bool, few: bool = False) -> mx.array | None:
+    """The kernel's attention (None: it declined the shapes, or had no memory); `few`: its entry
+    for a few query rows per key group, which reads the keys in place."""
     mx.eval(q, k, v)
     views = []
     for a in (q, k, v):
@@ -135,7 +149,8 @@ def _fused(lib, q, k, v, scale: float, causal: bool) -> mx.array | None:
     args = []
     for view in views:
         args += [view.ctypes.data, *(st // 4 for st in view.strides[:3])]
-    if lib.mtplx_attention(*args, out.ctypes.data, B, Hq, k.shape[1], L, S, D, scale, int(causal), _THREADS):
+    entry = lib.mtplx_attention_few if few else lib.mtplx_attention
+    if entry(*args, out.ctypes.data, B, Hq, k.shape[1], L, S, D, scale, int(causal), _THREADS):
         return None
     return mx.array(out)
 
@@ -157,6 +172,10 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
     if (L > KERNEL_FROM and Hq * L * k.shape[2] >= KERNEL_SCORES and _kernel_takes(q, k, v, mask, sinks, stream)
             and (lib := kernel()[0]) is not None):
         if (out := _fused(lib, q, k, v, scale, mask is not None)) is not None:
+            return out
+    if (FEW and L <= FEW_UP_TO and k.shape[2] >= FEW_FROM_KEYS and _kernel_takes(q, k, v, mask, sinks, stream)
+            and (lib := kernel()[0]) is not None):
+        if (out := _fused(lib, q, k, v, scale, mask is not None, few=True)) is not None:
             return out
     if (L == 1 or Hq * L * k.shape[2] < SMALL or sinks is not None or stream is not None or q.dtype != mx.float32
             or Hq % k.shape[1]):

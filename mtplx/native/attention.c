@@ -269,3 +269,142 @@ int mtplx_attention(const float *q, long q_sb, long q_sh, long q_sl, const float
     pthread_mutex_unlock(&lock);
     return failed;
 }
+
+/* A few queries over many keys (a decode step, an MTP verify, a batch's rows): no transposed copy
+ * of the keys, which for a handful of rows cost more than the attention. Per (batch row, key group)
+ * each of its R = heads-per-group x L query rows takes every key's dot product in 8 lanes over d
+ * (lane l sums dimensions l, l + 8, ... in order), eight keys' lanes folded by one fixed add tree;
+ * softmax in blocks of 8 up to the row's own last key; values over the keys in order (keys past its
+ * last one add an exact zero). So a row's bits do not depend on L, on the other rows of the call or
+ * on the thread (a verify's row is the decode step's), though they are not `mtplx_attention`'s. */
+#define FEW_ROWS 32
+#define FEW_BLOCK 64 /* keys: 16 KB at D = 64 */
+#ifndef FEW_SPLIT_MACS
+#define FEW_SPLIT_MACS (1L << 21) /* ~2M multiply-adds of scores: below, a second thread costs more than it saves */
+#endif
+
+/* The 8 lane sums of a[0..7] as one vector: element u = the sum of a[u]'s lanes. */
+static inline __m256 fold8(const __m256 *a) {
+    __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    /* s0123 = [0 1 2 3 | 0 1 2 3] halves (low lanes, high lanes); likewise s4567 */
+    __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20), hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+    return _mm256_add_ps(lo, hi);
+}
+
+static void few_group(job_t *j, int b, int g, float *scores) {
+    int rep = j->Hq / j->Hkv, D = j->D, R = rep * j->L, Spad = j->Spad;
+    __m256 qv[256 / 8];
+    int head[FEW_ROWS], pos[FEW_ROWS], last[FEW_ROWS], most = 0;
+    for (int r = 0; r < R; r++) {
+        pos[r] = r / rep;
+        head[r] = g * rep + r % rep;
+        last[r] = j->causal ? j->S - j->L + pos[r] + 1 : j->S;
+        if (last[r] > most) most = last[r];
+    }
+    const float *k = j->k + b * j->k_sb + g * j->k_sh;
+    int span = (most + 7) / 8 * 8, chunks = D / 8;
+    /* Keys in blocks of FEW_BLOCK, each block scored by every row while it sits in L1. */
+    for (int b0 = 0; b0 < span; b0 += FEW_BLOCK)
+    for (int r = 0; r < R; r++) {
+        const float *q = j->q + b * j->q_sb + head[r] * j->q_sh + (long)pos[r] * j->q_sl;
+        __m256 scale = _mm256_set1_ps(j->scale);
+        for (int c = 0; c < chunks; c++) qv[c] = _mm256_mul_ps(_mm256_loadu_ps(q + c * 8), scale);
+        float *row = scores + (long)r * Spad;
+        for (int s0 = b0; s0 < span && s0 < b0 + FEW_BLOCK; s0 += 8) {
+            __m256 a[8];
+            const float *key[8];
+            for (int u = 0; u < 8; u++) {
+                a[u] = _mm256_setzero_ps();
+                /* past every row's keys: the last key again, a score the softmax overwrites */
+                key[u] = k + (long)(s0 + u < most ? s0 + u : most - 1) * j->k_ss;
+            }
+            /* eight independent chains (one per key), each over d in order */
+            for (int c = 0; c < chunks; c++)
+                for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(key[u] + c * 8), a[u]);
+            _mm256_storeu_ps(row + s0, fold8(a));
+        }
+    }
+    float inv[FEW_ROWS];
+    for (int r = 0; r < R; r++) { /* as `tile` does per row */
+        float *s = scores + (long)r * Spad;
+        int n = last[r], w = n / 8 * 8;
+        __m256 m = _mm256_set1_ps(-INFINITY);
+        for (int i = 0; i < w; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+        float mx = hmax(m);
+        for (int i = w; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+        for (int i = n; i < span; i++) s[i] = -INFINITY;
+        __m256 top = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
+        int end = (n + 7) / 8 * 8;
+        for (int i = 0; i < end; i += 8) {
+            __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
+            _mm256_storeu_ps(s + i, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        for (int i = end; i < span; i++) s[i] = 0.0f;
+        inv[r] = 1.0f / hsum(sum);
+    }
+    /* Values in blocks of FEW_BLOCK keys, each block read from memory once and used by every row
+     * (16 dims by up to 4 rows at a time); each row's sums run over the keys in order. */
+    const float *vg = j->v + b * j->v_sb + g * j->v_sh;
+    float acc[FEW_ROWS * 256];
+    memset(acc, 0, sizeof(float) * R * D);
+    for (int b0 = 0; b0 < most; b0 += FEW_BLOCK) {
+        int b1 = b0 + FEW_BLOCK < most ? b0 + FEW_BLOCK : most;
+        for (int d0 = 0; d0 < D; d0 += 16) {
+            int two = d0 + 16 <= D;
+            for (int r0 = 0; r0 < R; r0 += 4) {
+                int n = R - r0 < 4 ? R - r0 : 4;
+                __m256 a[4][2];
+                for (int r = 0; r < n; r++) {
+                    a[r][0] = _mm256_loadu_ps(acc + (r0 + r) * D + d0);
+                    a[r][1] = two ? _mm256_loadu_ps(acc + (r0 + r) * D + d0 + 8) : _mm256_setzero_ps();
+                }
+                const float *v = vg + (long)b0 * j->v_ss + d0;
+                for (int i = b0; i < b1; i++, v += j->v_ss) {
+                    __m256 v0 = _mm256_loadu_ps(v), v1 = two ? _mm256_loadu_ps(v + 8) : _mm256_setzero_ps();
+                    for (int r = 0; r < n; r++) {
+                        __m256 p = _mm256_broadcast_ss(scores + (long)(r0 + r) * Spad + i);
+                        a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
+                        a[r][1] = _mm256_fmadd_ps(p, v1, a[r][1]);
+                    }
+                }
+                for (int r = 0; r < n; r++) {
+                    _mm256_storeu_ps(acc + (r0 + r) * D + d0, a[r][0]);
+                    if (two) _mm256_storeu_ps(acc + (r0 + r) * D + d0 + 8, a[r][1]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *o = j->out + (((long)b * j->Hq + head[r]) * j->L + pos[r]) * D;
+        __m256 w = _mm256_set1_ps(inv[r]);
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + d), w));
+    }
+}
+
+static void *run_few(void *arg) {
+    part_t *p = arg;
+    job_t *j = p->job;
+    float *scores = scratch_for(1 + p->index, (long)FEW_ROWS * j->Spad);
+    if (!scores) return (void *)1;
+    for (int bg = p->index; bg < j->B * j->Hkv; bg += j->threads) few_group(j, bg / j->Hkv, bg % j->Hkv, scores);
+    return NULL;
+}
+
+/* As mtplx_attention (2: shapes it does not take, also more than FEW_ROWS query rows per key group
+ * or D > 256); `threads` at most, and one where the call is too small to pay for starting another. */
+int mtplx_attention_few(const float *q, long q_sb, long q_sh, long q_sl, const float *k, long k_sb, long k_sh,
+                        long k_ss, const float *v, long v_sb, long v_sh, long v_ss, float *out, int B, int Hq,
+                        int Hkv, int L, int S, int D, float scale, int causal, int threads) {
+    job_t j = {q, k, v, out, q_sb, q_sh, q_sl, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, B, Hq, Hkv, L, S, D, causal,
+               scale, NULL, (S + 7) / 8 * 8, 0, threads < 1 ? 1 : (threads > 8 ? 8 : threads)};
+    if (D % 8 || D > 256 || Hq % Hkv || (Hq / Hkv) * L > FEW_ROWS || S < 1 || L < 1 || (causal && L > S)) return 2;
+    if (j.threads > B * Hkv) j.threads = B * Hkv;
+    if ((long)Hq * L * S * D < FEW_SPLIT_MACS) j.threads = 1;
+    pthread_mutex_lock(&lock);
+    int failed = in_parallel(&j, run_few);
+    pthread_mutex_unlock(&lock);
+    return failed;
+}
