@@ -110,6 +110,12 @@ def prepare(model, mtp=None) -> ComputePath:
         cpu_attention.install()  # MLX's CPU attention is exp-bound at agent context lengths (cpu_attention.py)
         if cpu_attention.kernel()[0] is not None:
             label += " + attention kernel"
+    if not on_cpu:
+        from mtplx.engine import gpu_attention
+
+        if gpu_attention.wanted():
+            gpu_attention.install()  # CUDA builds multi-query attention per shape (gpu_attention.py)
+            label += " + short-step attention"
     left = len(packed) - dequantized
     if dequantized:
         label += f", {dequantized} quantized layers unpacked"

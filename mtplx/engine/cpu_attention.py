@@ -181,6 +181,13 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
             or Hq % k.shape[1]):
         kwargs = {"stream": stream} if stream is not None else {}
         return _mlx_attention(q, k, v, scale=scale, mask=mask, sinks=sinks, **kwargs)
+    return grouped(q, k, v, scale, mask, softmax)
+
+
+def grouped(q, k, v, scale, mask, normalise):
+    """Attention as a key group's query heads stacked into the rows of one product with its keys
+    (no key broadcast per head); `normalise` is the softmax over the last axis."""
+    B, Hq, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rep = Hq // Hkv
     rows = (q * scale).reshape(B, Hkv, rep * L, D)  # a group's query heads as rows: heads h = g * rep + r
@@ -192,7 +199,7 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
         scores = mx.where(mx.arange(S)[None, :] <= position, scores, _MASKED)
     elif mask is not None:
         scores = _masked(scores, mask, B, Hq, Hkv, rep, L, S)
-    return (softmax(scores) @ v).reshape(B, Hq, L, v.shape[-1])  # MLA: values narrower than keys
+    return (normalise(scores) @ v).reshape(B, Hq, L, v.shape[-1])  # MLA: values narrower than keys
 
 
 def _masked(scores, mask, B, Hq, Hkv, rep, L, S):
