@@ -74,6 +74,26 @@ static inline float hmax(__m256 x) {
 }
 
 /* dst[r * stride + c] = src row c, column r, for an 8 x 8 block (rows of src `step` floats apart). */
+/* One row's scores in place: softmax weights over its first n keys (max subtracted, exponent),
+ * zero from key n to `span` (exp of -inf gives exactly 0); returns 1 / the weights' sum. */
+static float softmax_row(float *s, int n, int span) {
+    int whole = n / 8 * 8;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (int i = 0; i < whole; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+    float mx = hmax(m);
+    for (int i = whole; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+    for (int i = n; i < span; i++) s[i] = -INFINITY;
+    __m256 top = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
+    int end = (n + 7) / 8 * 8;
+    for (int i = 0; i < end; i += 8) {
+        __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
+        _mm256_storeu_ps(s + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    for (int i = end; i < span; i++) s[i] = 0.0f;
+    return 1.0f / hsum(sum);
+}
+
 static inline void transpose8(const float *src, long step, float *dst, long stride) {
     __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + step), r2 = _mm256_loadu_ps(src + 2 * step),
            r3 = _mm256_loadu_ps(src + 3 * step), r4 = _mm256_loadu_ps(src + 4 * step),
@@ -153,24 +173,7 @@ static void tile(job_t *j, int b, int g, int t, float *scores, float *qs) {
     /* Per row: softmax weights in place, zero from its last key to the tile's block end. */
     float inv[ROWS];
     int span = blocks * KEYS;
-    for (int r = 0; r < ROWS; r++) {
-        float *s = scores + (long)r * Spad;
-        int n = last[r], whole = n / 8 * 8;
-        __m256 m = _mm256_set1_ps(-INFINITY);
-        for (int i = 0; i < whole; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
-        float mx = hmax(m);
-        for (int i = whole; i < n; i++) mx = s[i] > mx ? s[i] : mx;
-        for (int i = n; i < span; i++) s[i] = -INFINITY; /* exp gives exactly 0 */
-        __m256 top = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
-        int end = (n + 7) / 8 * 8;
-        for (int i = 0; i < end; i += 8) {
-            __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
-            _mm256_storeu_ps(s + i, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        for (int i = end; i < span; i++) s[i] = 0.0f;
-        inv[r] = 1.0f / hsum(sum);
-    }
+    for (int r = 0; r < ROWS; r++) inv[r] = softmax_row(scores + (long)r * Spad, last[r], span);
     /* Values: 16 dims at a time for the tile's rows, every key in order. */
     for (int d0 = 0; d0 < D; d0 += 16) {
         int two = d0 + 16 <= D;
@@ -327,24 +330,7 @@ static void few_group(job_t *j, int b, int g, float *scores) {
         }
     }
     float inv[FEW_ROWS];
-    for (int r = 0; r < R; r++) { /* as `tile` does per row */
-        float *s = scores + (long)r * Spad;
-        int n = last[r], w = n / 8 * 8;
-        __m256 m = _mm256_set1_ps(-INFINITY);
-        for (int i = 0; i < w; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
-        float mx = hmax(m);
-        for (int i = w; i < n; i++) mx = s[i] > mx ? s[i] : mx;
-        for (int i = n; i < span; i++) s[i] = -INFINITY;
-        __m256 top = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
-        int end = (n + 7) / 8 * 8;
-        for (int i = 0; i < end; i += 8) {
-            __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
-            _mm256_storeu_ps(s + i, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        for (int i = end; i < span; i++) s[i] = 0.0f;
-        inv[r] = 1.0f / hsum(sum);
-    }
+    for (int r = 0; r < R; r++) inv[r] = softmax_row(scores + (long)r * Spad, last[r], span);
     /* Values in blocks of FEW_BLOCK keys, each block read from memory once and used by every row
      * (16 dims by up to 4 rows at a time); each row's sums run over the keys in order. */
     const float *vg = j->v + b * j->v_sb + g * j->v_sh;
