@@ -73,7 +73,6 @@ static inline float hmax(__m256 x) {
     return _mm_cvtss_f32(s);
 }
 
-/* dst[r * stride + c] = src row c, column r, for an 8 x 8 block (rows of src `step` floats apart). */
 /* One row's scores in place: softmax weights over its first n keys (max subtracted, exponent),
  * zero from key n to `span` (exp of -inf gives exactly 0); returns 1 / the weights' sum. */
 static float softmax_row(float *s, int n, int span) {
@@ -94,6 +93,7 @@ static float softmax_row(float *s, int n, int span) {
     return 1.0f / hsum(sum);
 }
 
+/* dst[r * stride + c] = src row c, column r, for an 8 x 8 block (rows of src `step` floats apart). */
 static inline void transpose8(const float *src, long step, float *dst, long stride) {
     __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + step), r2 = _mm256_loadu_ps(src + 2 * step),
            r3 = _mm256_loadu_ps(src + 3 * step), r4 = _mm256_loadu_ps(src + 4 * step),
