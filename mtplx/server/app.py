@@ -200,7 +200,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         turns.shared_prefill)."""
         group, headers = Choices(subs), budget_headers(call, subs[0])
         if not call.stream:
-            return await _whole(group, lambda fins: openai_response.completions(model_name, held_before(fins, held),
+            return await _whole(group, lambda fins: openai_response.completions(model_name, held_before(fins, [held], len(fins)),
                                                                                 logprobs), request, headers)
         first = openai_response.ChatStream(model_name, logprobs)
         streams = [first] + [openai_response.ChatStream(model_name, logprobs, i, first) for i in range(1, len(subs))]
@@ -236,12 +236,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             echoes = [echo for echo in echoes for _ in range(call.n)]
             headers = budget_headers(call, subs[0])
             if not stream:
-                def held(fins):  # each prompt's first choice: what the bank held before its shared prefill
-                    return [f for p in range(len(prompts))
-                            for f in held_before(fins[p * call.n:(p + 1) * call.n], helds[p])]
-
                 return await _whole(Choices(subs), lambda fins: openai_response.text_completions(
-                    model_name, held(fins), logprobs, echoes, call.n), request, headers)
+                    model_name, held_before(fins, helds, call.n), logprobs, echoes, call.n), request, headers)
             first = openai_response.TextCompletionStream(model_name, logprobs)
             streams = [first] + [openai_response.TextCompletionStream(model_name, logprobs, i, first)
                                  for i in range(1, len(subs))]

@@ -202,10 +202,15 @@ async def shared_prefill(engine, call: ChatCall, prompt: list[int], source: str,
     return held
 
 
-def held_before(fins: list, held: int | None) -> list:
-    """The choices' Finished events, the first one's cached tokens set to what the bank held
-    before the request's shared prefill (usage counts the prompt once, from the first choice)."""
-    return fins if held is None or not fins else [replace(fins[0], cached_tokens=held)] + list(fins[1:])
+def held_before(fins: list, helds: list[int | None], n: int) -> list:
+    """The choices' Finished events (`n` a prompt, in order), each prompt's first choice's cached
+    tokens set to what the bank held before that prompt's shared prefill (usage counts a prompt
+    once, from its first choice)."""
+    out = list(fins)
+    for p, held in enumerate(helds):
+        if held is not None and p * n < len(out):
+            out[p * n] = replace(out[p * n], cached_tokens=held)
+    return out
 
 
 def submit_choices(engine, call: ChatCall, prompt: list[int], source: str, session: str | None, raw: bytes | None,
