@@ -813,34 +813,45 @@ def test_n_choices_are_turns_of_their_own_in_one_completion(server, client):
 
 
 def test_n_choices_share_one_prefill(server, client):
-    """`n` choices over a long prompt compute it once: a prewarm turn prefills it and every choice
-    restores it from the bank (before, each choice prefilled the whole prompt: 4 choices over 4,191
-    tokens took 4.8 s against 0.9-1.4 s for one). The choices are the ones drawn without sharing
-    (seed + i, each equal to a lone request), and usage's cached tokens are what the bank held
-    before the request, not the prewarm's work."""
+    """`n` choices over a long prompt compute it once: the choices queue together, the first
+    prefills the prompt and the others wait for it and restore it from the bank
+    (engine/shared_prompt.py; before, each choice prefilled the whole prompt: 4 choices over 4,191
+    tokens took 4.8 s against 0.9-1.4 s for one), streamed or not. The choices are the ones drawn
+    without sharing (seed + i, each equal to a lone request), and usage's cached tokens are what
+    the bank held before the request (the first choice's)."""
     url, engine = server
     tokenizer = engine.checkpoint.tokenizer
     notes = " ".join(f"note {i}: the ledger module rounds amount {i} half to even." for i in range(40))
-    messages = ask("Summarise these notes. " + notes)
-    assert len(tokenizer.apply_chat_template(messages, add_generation_prompt=True)) >= 128 * 2
-    seen = []
-    listen = lambda e: seen.append(e) if type(e).__name__ in ("Restored", "Finished") else None  # noqa: E731
-    engine.listeners.append(listen)
-    try:
-        drawn = client.chat.completions.create(model="tiny-dense", messages=messages, max_tokens=6, n=3,
-                                               temperature=1.0, seed=21)
-    finally:
-        engine.listeners.remove(listen)
-    restored = [e for e in seen if type(e).__name__ == "Restored"]
-    prompt = drawn.usage.prompt_tokens
-    assert len(restored) == 4  # the prewarm, then the three choices
-    assert restored[0].cached_tokens == 0  # a prompt the bank never saw
-    assert all(r.cached_tokens >= prompt - 8 for r in restored[1:])  # each choice restored the prewarm's prompt
-    assert drawn.usage.prompt_tokens_details.cached_tokens == 0  # the request computed its prompt
-    for i, choice in enumerate(drawn.choices):  # each choice as a lone request draws it (seed + i)
-        alone = client.chat.completions.create(model="tiny-dense", messages=messages, max_tokens=6,
-                                               temperature=1.0, seed=21 + i)
-        assert alone.choices[0].message.model_dump() == choice.message.model_dump()
+    assert len(tokenizer.apply_chat_template(ask(notes), add_generation_prompt=True)) >= 256 + 64
+    for stream in (False, True):
+        messages = ask(f"Summarise these notes ({'streamed' if stream else 'whole'}). " + notes)  # new to the bank
+        seen = []
+        listen = lambda e: seen.append(e) if type(e).__name__ == "Restored" else None  # noqa: E731
+        engine.listeners.append(listen)
+        try:
+            asked = dict(model="tiny-dense", messages=messages, max_tokens=6, n=3, temperature=1.0, seed=21)
+            if stream:
+                texts, usage = {}, None
+                for chunk in client.chat.completions.create(**asked, stream=True, stream_options={"include_usage": True}):
+                    for c in chunk.choices:
+                        texts[c.index] = texts.get(c.index, "") + (c.delta.model_extra.get("reasoning_content") or "") \
+                            + (c.delta.content or "")
+                    usage = chunk.usage or usage
+            else:
+                drawn = client.chat.completions.create(**asked)
+                usage = drawn.usage
+                texts = {c.index: (c.message.model_extra.get("reasoning_content") or "") + (c.message.content or "")
+                         for c in drawn.choices}
+        finally:
+            engine.listeners.remove(listen)
+        prompt = usage.prompt_tokens
+        assert len(seen) == 3 and seen[0].cached_tokens < prompt - 256  # the first choice computed the new part
+        assert all(r.cached_tokens >= prompt - 16 for r in seen[1:]), [r.cached_tokens for r in seen]
+        assert usage.prompt_tokens_details.cached_tokens == seen[0].cached_tokens
+        for i in range(3):  # each choice as a lone request draws it (seed + i)
+            alone = client.chat.completions.create(**{**asked, "n": 1, "seed": 21 + i})
+            message = alone.choices[0].message
+            assert (message.model_extra.get("reasoning_content") or "") + (message.content or "") == texts[i]
 
 
 def test_echo_with_logprobs_scores_the_prompt(server):

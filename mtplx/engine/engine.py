@@ -7,8 +7,9 @@ admitted requests run together under the scheduler (scheduler.py: prefill chunks
 one batched decode step for every running sequence). Every event is also handed to the engine's
 listeners (receipt writer, metrics, TUI), which must return quickly.
 
-The bank is consulted in two places only: `_begin` (plan: where the request starts) and
-`_finish` (commit: what the turn computed).
+The bank is consulted in three places only: `_begin` (plan: where the request starts), `_finish`
+(commit: what the turn computed) and `_prompt_in` (a prompt other queued requests wait to share,
+shared_prompt.py).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class Engine:
         self.died: str | None = None  # why the engine thread ended unexpectedly (None while healthy)
         self.ssd_error: str | None = None  # why the SSD tier could not be opened, if it could not
         self.draft_vocab = None  # the tokens MTP drafts are projected onto (draft_vocab.py), learned here
+        self._sharing: dict[tuple[str, str], bool] = {}  # (queued, prefilling) request ids -> worth waiting (_waits)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, timeout: float = 300) -> "Engine":
@@ -261,7 +263,7 @@ class Engine:
                 if not calls:
                     del self._queues["__call__"]
                 return call
-            session, pending = next(iter(self._queues.items()), (None, None))
+            session, pending = next(((k, q) for k, q in self._queues.items() if not self._waits(q[0])), (None, None))
             if pending is None or (self.scheduler is not None and not self.scheduler.can_admit(self._cost(pending[0].request))):
                 return _STEP
             sub = pending.popleft()
@@ -273,8 +275,26 @@ class Engine:
     def _admits_more(self) -> bool:
         """Whether another request waits and the scheduler has room for it now."""
         with self._lock:
-            pending = next((q for session, q in self._queues.items() if session != "__call__"), None)
+            pending = next((q for session, q in self._queues.items() if session != "__call__" and not self._waits(q[0])), None)
             return pending is not None and self.scheduler.can_admit(self._cost(pending[0].request))
+
+    def _waits(self, sub) -> bool:
+        """Whether a queued request waits for a prefilling one's prompt (shared_prompt.py); that
+        one is marked, so its prompt goes to the bank once computed (_prompt_in)."""
+        if self.bank is None or self.scheduler is None or not isinstance(sub, Submission) \
+                or sub.request.prompt_logprobs is not None:  # a scored prompt restores nothing
+            return False
+        from mtplx.engine.shared_prompt import worth_waiting
+
+        for seq in self.scheduler.prefilling:
+            key = (sub.request.request_id, seq.request_id)
+            if key not in self._sharing:
+                self._sharing[key] = not seq.cancelled() and worth_waiting(sub.request.prompt, seq.gen.request.prompt,
+                                                                           seq.restored)
+            if self._sharing[key]:
+                seq.followed = True
+                return True
+        return False
 
     @property
     def _stepping(self) -> bool:
@@ -405,7 +425,7 @@ class Engine:
         self._kv_per_token = kv_bytes_per_token(self.model_config, itemsize, self.has_mtp)
         budget = self.config.memory_budget or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
         self.scheduler = Scheduler(self.runner, self.config.chunk_size, self.config.max_batch, budget,
-                                   lambda seq, event: self._publish(seq.sub, event), self._finish)
+                                   lambda seq, event: self._publish(seq.sub, event), self._finish, self._prompt_in)
 
     def _step(self, work) -> None:
         """One unit of work. An exception fails at most the requests of that step or that background job."""
@@ -463,6 +483,7 @@ class Engine:
         from mtplx.engine.scheduler import Sequence
 
         request = sub.request
+        self._sharing = {k: v for k, v in self._sharing.items() if k[0] != request.request_id}
         if sub.cancelled.is_set():
             with self._lock:
                 self._active.pop(request.request_id, None)
@@ -480,12 +501,24 @@ class Engine:
             else:
                 start, checkpoints, hook = StartPoint(), (), None
             seq.prefill = gen.prefill(start, checkpoints, hook, self._cancelled(sub))
-            seq.todo = len(request.prompt) - (start.state.length if start.state is not None else 0)
+            seq.restored = start.state.length if start.state is not None else 0
+            seq.todo = len(request.prompt) - seq.restored
         except Exception as exc:
             if not isinstance(exc, RequestError):
                 log.exception("request %s failed", request.request_id)
             return self._failed(sub, exc)
         self.scheduler.admit(seq)
+
+    def _prompt_in(self, seq) -> None:
+        """A prefilling sequence's prompt is in: where requests wait to share it, the bank keeps it
+        now (bank_executor.share_prompt), before this turn's first token."""
+        self._sharing = {k: v for k, v in self._sharing.items() if k[1] != seq.request_id}
+        if not seq.followed or self.bank is None or seq.bank_turn is None:
+            return
+        try:
+            self.bank_executor.share_prompt(seq.bank_turn, seq.gen)
+        except Exception:  # the waiting requests then prefill it themselves; this turn goes on
+            log.exception("keeping %s's prompt to share failed", seq.request_id)
 
     def _failed(self, sub: Submission, error: Exception) -> None:
         request_id = sub.request.request_id

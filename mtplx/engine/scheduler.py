@@ -43,6 +43,8 @@ class Sequence:
     prefilled: int = 0  # prompt tokens computed so far (PrefillProgress.done)
     todo: int | None = None  # prompt tokens left to compute (set at admission from the restore, then per chunk)
     decoding: bool = False
+    restored: int = 0  # prompt tokens its start state held (from the bank)
+    followed: bool = False  # a request waits to share this one's prompt (engine._waits)
 
     @property
     def request_id(self) -> str:
@@ -64,13 +66,14 @@ def kv_bytes_per_token(model_config: dict, itemsize: int, with_mtp: bool) -> int
 
 class Scheduler:
     def __init__(self, runner, chunk_size: int, max_batch: int, memory_budget: int,
-                 publish: Callable, finish: Callable):
+                 publish: Callable, finish: Callable, prompt_in: Callable | None = None):
         """`publish(seq, event)` hands an event out; `finish(seq, error)` ends a sequence: with
         error None its final events and the bank's commit (its caches are its own again by then),
-        else its Failed event."""
+        else its Failed event. `prompt_in(seq)`: a sequence's prompt is computed, before its
+        first token (its caches hold exactly the prompt)."""
         self.runner, self.chunk_size = runner, chunk_size
         self.max_batch, self.memory_budget = max_batch, memory_budget
-        self.publish, self.finish = publish, finish
+        self.publish, self.finish, self.prompt_in = publish, finish, prompt_in
         self.prefilling: deque[Sequence] = deque()
         self.groups: dict[object, list[Sequence]] = {}  # decode groups by batch key
         self.batches: dict[object, DecodeBatch] = {}  # the merged ones (two rows or more)
@@ -165,6 +168,8 @@ class Scheduler:
                 self.prefilling.append(seq)  # more chunks: back of the line
                 return spent
             if seq.gen.finish_reason is None:  # the prompt is in: the first token now, alone
+                if self.prompt_in is not None:
+                    self.prompt_in(seq)
                 for event in seq.gen.first_token():
                     self.publish(seq, event)
         except Exception as exc:  # its own prefill failed: only this request

@@ -36,8 +36,8 @@ from mtplx.server.recorder import Recorder
 from mtplx.server.signature import Signer
 from mtplx.server.tool_choice import ToolRules
 from mtplx.server.openai_request import ChatCall, choices, parse_chat, parse_json, sampling_from, stream_flag
-from mtplx.server.turns import (Choices, budget_headers, encode, encoded, events, held_before, render_call, session_from,
-                                shared_prefill, submit, submit_choices)
+from mtplx.server.turns import (Choices, budget_headers, encode, encoded, events, render_call, session_from, submit,
+                                submit_choices)
 
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
 
@@ -184,9 +184,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         prompt = await encoded(engine, cache, call, "chat", raw, rules)
         logprobs = call.sampling.logprobs is not None
         if call.n > 1:
-            held = await shared_prefill(engine, call, prompt, "api", raw)
             return await _chosen(request, call, submit_choices(engine, call, prompt, "api", session_from(
-                request.headers, body, call), raw, rules), logprobs, held)
+                request.headers, body, call), raw, rules), logprobs)
         sub = submit(engine, call, prompt, "api", session_from(request.headers, body, call), raw, rules)
         if not call.stream:  # the engine split the reply in the model's tool-call format (Finished.pieces)
             return await _whole(sub, lambda fin: openai_response.completion(model_name, fin, logprobs), request,
@@ -195,13 +194,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         return _streamed(request, sub, _openai_sse(sub, chunks, call.include_usage, chunks.first()),
                          budget_headers(call, sub))
 
-    async def _chosen(request: Request, call, subs: list, logprobs: bool, held: int | None = None):
-        """Chat's `n` choices: one completion whose choices are the turns, in order (`held`: see
-        turns.shared_prefill)."""
+    async def _chosen(request: Request, call, subs: list, logprobs: bool):
+        """Chat's `n` choices: one completion whose choices are the turns, in order."""
         group, headers = Choices(subs), budget_headers(call, subs[0])
         if not call.stream:
-            return await _whole(group, lambda fins: openai_response.completions(model_name, held_before(fins, [held], len(fins)),
-                                                                                logprobs), request, headers)
+            return await _whole(group, lambda fins: openai_response.completions(model_name, fins, logprobs), request,
+                                headers)
         first = openai_response.ChatStream(model_name, logprobs)
         streams = [first] + [openai_response.ChatStream(model_name, logprobs, i, first) for i in range(1, len(subs))]
         return _streamed(request, group, _choices_sse(subs, streams, call.include_usage, [s.first() for s in streams]),
@@ -230,14 +228,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
         if len(prompts) > 1 or call.n > 1:
             # choice p * n + j: prompt p's choice j, drawn as a lone request for that prompt would
             session = session_from(request.headers)
-            helds = [await shared_prefill(engine, call, prompt, "api", raw) for prompt in prompts]
             subs = [sub for p, prompt in enumerate(prompts)
                     for sub in submit_choices(engine, call, prompt, "api", session if p == 0 else None, raw, None)]
             echoes = [echo for echo in echoes for _ in range(call.n)]
             headers = budget_headers(call, subs[0])
             if not stream:
                 return await _whole(Choices(subs), lambda fins: openai_response.text_completions(
-                    model_name, held_before(fins, helds, call.n), logprobs, echoes, call.n), request, headers)
+                    model_name, fins, logprobs, echoes, call.n), request, headers)
             first = openai_response.TextCompletionStream(model_name, logprobs)
             streams = [first] + [openai_response.TextCompletionStream(model_name, logprobs, i, first)
                                  for i in range(1, len(subs))]

@@ -19,7 +19,7 @@ from mtplx import chat_template
 from mtplx.chat import chat_request, render, with_prefill
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
-from mtplx.events import TERMINAL, EngineEvent, Finished
+from mtplx.events import TERMINAL, EngineEvent
 from mtplx.server import output_format
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.context import fit
@@ -174,43 +174,6 @@ class Choices:
     def cancel(self) -> None:
         for sub in self.subs:
             sub.cancel()
-
-
-# From this many prompt tokens, a request's `n` choices share one prefill (shared_prefill).
-SHARED_PREFILL_FROM = 128
-
-
-async def shared_prefill(engine, call: ChatCall, prompt: list[int], source: str, raw: bytes | None) -> int | None:
-    """Before `n` choices: the prompt computed once, as a prewarm turn (prefill only) whose state
-    the bank keeps, so each choice restores it instead of prefilling the same prompt itself (the
-    choices are admitted together, each planning its restore before any other has computed
-    anything). Returns the prompt tokens the bank held before (the request's cached tokens), or
-    None where nothing was shared: a short prompt, a streamed request (its client would wait for
-    the prewarm without a byte; its choices prefill as before), a scored prompt, or a prewarm
-    that failed."""
-    if call.n < 2 or call.stream or call.prefill_only or call.prompt_logprobs is not None \
-            or len(prompt) < SHARED_PREFILL_FROM:  # a scored prompt restores nothing: every position's logits
-        return None
-    try:
-        sub = submit(engine, replace(call, n=1, prefill_only=True), prompt, source, None, raw, None)
-    except ApiError:
-        return None
-    held = None
-    async for event in events(sub):
-        if isinstance(event, Finished):
-            held = event.cached_tokens
-    return held
-
-
-def held_before(fins: list, helds: list[int | None], n: int) -> list:
-    """The choices' Finished events (`n` a prompt, in order), each prompt's first choice's cached
-    tokens set to what the bank held before that prompt's shared prefill (usage counts a prompt
-    once, from its first choice)."""
-    out = list(fins)
-    for p, held in enumerate(helds):
-        if held is not None and p * n < len(out):
-            out[p * n] = replace(out[p * n], cached_tokens=held)
-    return out
 
 
 def submit_choices(engine, call: ChatCall, prompt: list[int], source: str, session: str | None, raw: bytes | None,

@@ -1,0 +1,61 @@
+"""Requests that wait to share a prompt being computed (mtplx/engine/shared_prompt.py): the pure
+rule, then on both tiny models a burst of turns over one new prompt head, each follower restoring
+the leader's prompt and answering exactly as a cold engine does."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mtplx.bank.bank import BankConfig
+from mtplx.catalog import resolve
+from mtplx.chat import chat_request
+from mtplx.engine.engine import Engine, EngineConfig
+from mtplx.engine.sampling import SamplingParams
+from mtplx.engine.shared_prompt import SHARE_FROM, common_prefix, worth_waiting
+
+
+def test_common_prefix_is_the_longest_shared_start():
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randrange(0, 60)
+        a = [rng.randrange(4) for _ in range(n)]
+        b = a[: rng.randrange(0, n + 1)] + [rng.randrange(4) for _ in range(rng.randrange(0, 20))]
+        expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == common_prefix(tuple(b), tuple(a)) == expected
+
+
+def test_waiting_pays_only_past_what_the_bank_already_restored():
+    head = list(range(1000))
+    assert worth_waiting(head + [1, 2], head + [3], other_restored=0)
+    assert not worth_waiting(head + [1, 2], head + [3], other_restored=1000 - SHARE_FROM + 1)  # the bank has it
+    assert not worth_waiting(list(range(SHARE_FROM - 1)) + [7], list(range(SHARE_FROM - 1)) + [8], 0)  # too short
+    assert not worth_waiting([5] + head, head, 0)  # nothing shared
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
+def test_a_burst_over_one_new_head_computes_it_once_and_answers_as_cold(name, dense_engine, hybrid_engine):
+    cold_engine = dense_engine if name == "tiny-dense" else hybrid_engine
+    engine = Engine(resolve(name), EngineConfig(chunk_size=64), name=name, bank=BankConfig()).start()
+    try:
+        tok = engine.checkpoint.tokenizer
+        system = "You are a subagent. " + " ".join(f"Rule {i}: keep edits small; test module {i} first." for i in range(40))
+        params = SamplingParams(max_tokens=12, temperature=0)
+
+        def turn(i: int, session: str):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": f"Task {i}: read file_{i}.py."}]
+            return chat_request(tok, messages, None, sampling=params, session=session)
+
+        requests = [turn(i, f"sub-{i}") for i in range(3)]
+        assert common_prefix(requests[0].prompt, requests[1].prompt) >= SHARE_FROM + 64
+        subs = [engine.submit(r) for r in requests]  # at once: they queue together
+        warm = [s.result() for s in subs]
+        cold = [cold_engine.submit(turn(i, f"cold-{name}-{i}")).result() for i in range(3)]
+        assert [w.token_ids for w in warm] == [c.token_ids for c in cold]
+        shared = common_prefix(requests[0].prompt, requests[1].prompt)
+        assert warm[0].cached_tokens == 0
+        # each follower restored the leader's prompt up to its last anchor inside the shared part
+        assert all(w.cached_tokens >= shared - 16 for w in warm[1:]), [w.cached_tokens for w in warm]
+    finally:
+        engine.stop()
