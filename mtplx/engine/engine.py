@@ -281,8 +281,10 @@ class Engine:
     def _waits(self, sub) -> bool:
         """Whether a queued request waits for a prefilling one's prompt (shared_prompt.py); that
         one is marked, so its prompt goes to the bank once computed (_prompt_in)."""
-        if self.bank is None or self.scheduler is None or not isinstance(sub, Submission) \
-                or sub.request.prompt_logprobs is not None:  # a scored prompt restores nothing
+        # Not on sharded ranks: only rank 0 decides admissions, and a bank entry made on rank 0
+        # alone would plan a restore the other ranks cannot follow. A scored prompt restores nothing.
+        if self.bank is None or self.scheduler is None or not isinstance(sub, Submission) or self.runner.sharded \
+                or sub.request.prompt_logprobs is not None:
             return False
         from mtplx.engine.shared_prompt import worth_waiting
 
