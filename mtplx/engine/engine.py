@@ -46,6 +46,7 @@ class EngineConfig:
     context_window: int | None = None  # None: the model's max_position_embeddings
     max_batch: int = 8  # requests admitted at once (prefilling or decoding)
     memory_budget: int | None = None  # KV bytes admitted requests may reserve; None: a quarter of RAM
+    share_prompts: bool = True  # a queued request waits for a prefilling one's shared prompt (shared_prompt.py)
 
     def __post_init__(self):
         if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
@@ -132,6 +133,7 @@ class Engine:
         self.ssd_error: str | None = None  # why the SSD tier could not be opened, if it could not
         self.draft_vocab = None  # the tokens MTP drafts are projected onto (draft_vocab.py), learned here
         self._sharing: dict[tuple[str, str], bool] = {}  # (queued, prefilling) request ids -> worth waiting (_waits)
+        self.share_prompts = config.share_prompts  # set on the engine thread (engine.call) to compare
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, timeout: float = 300) -> "Engine":
@@ -283,7 +285,8 @@ class Engine:
         one is marked, so its prompt goes to the bank once computed (_prompt_in)."""
         # Not on sharded ranks: only rank 0 decides admissions, and a bank entry made on rank 0
         # alone would plan a restore the other ranks cannot follow. A scored prompt restores nothing.
-        if self.bank is None or self.scheduler is None or not isinstance(sub, Submission) or self.runner.sharded \
+        if not self.share_prompts or self.bank is None or self.scheduler is None or not isinstance(sub, Submission) \
+                or self.runner.sharded \
                 or sub.request.prompt_logprobs is not None:
             return False
         from mtplx.engine.shared_prompt import worth_waiting
