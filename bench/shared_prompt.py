@@ -47,6 +47,21 @@ def burst(engine, head: str, agents: int, tokens: int, tag: str) -> dict:
             "outputs": [f.token_ids for f in fins]}
 
 
+def pair(engine, head: str, tokens: int, tag: str) -> dict:
+    """A long turn (the head and a long log to read) and a short one over the same head, sent
+    together: the short one's TTFT, and what it restored."""
+    tok = engine.checkpoint.tokenizer
+    params = SamplingParams(max_tokens=tokens, temperature=0)
+    log = "Review this log. " + " ".join(f"line {i}: request {i} took {i % 7} ms." for i in range(120))
+    long, short = (chat_request(tok, [{"role": "system", "content": head}, {"role": "user", "content": text}], None,
+                                sampling=params, session=f"{tag}-{name}")
+                   for name, text in (("long", log), ("short", "Task: read file_1.py and report.")))
+    subs = [engine.submit(long), engine.submit(short)]
+    fins = [s.result() for s in subs]
+    return {"short_ttft": fins[1].stats.ttft_s or 0.0, "long_ttft": fins[0].stats.ttft_s or 0.0,
+            "short_cached": fins[1].cached_tokens, "long_prompt": fins[0].prompt_tokens}
+
+
 def run(model: str, rounds: int, agents: int, lines: int, tokens: int) -> None:
     engine = Engine(resolve(model), EngineConfig(), name=model, bank=BankConfig()).start()
     try:
@@ -58,11 +73,11 @@ def run(model: str, rounds: int, agents: int, lines: int, tokens: int) -> None:
                 head = f"You are subagent {r}-{arm}. " + " ".join(
                     f"Rule {i}: keep edits small and test module {i} before module {i + 1}." for i in range(lines))
                 row = burst(engine, head, agents, tokens, f"{model}-{r}-{arm}")
+                row |= pair(engine, "Long and short. " + head, tokens, f"{model}-{r}-{arm}-pair")
                 if r:
                     rows[arm].append(row)
         engine.call(lambda: setattr(engine, "share_prompts", True))
-        med = {arm: {k: statistics.median(row[k] for row in rows[arm]) for k in ("wall", "ttft", "computed", "prompt")}
-               for arm in rows}
+        med = {arm: {k: statistics.median(row[k] for row in rows[arm]) for k in rows[arm][0]} for arm in rows}
         print(f"{model}: {agents} turns at once over a {int(med['shared']['prompt'])}-token prompt, {rounds} rounds (medians)")
         for arm in ("shared", "each"):
             m = med[arm]
@@ -70,6 +85,10 @@ def run(model: str, rounds: int, agents: int, lines: int, tokens: int) -> None:
         print(f"  each / shared: burst {med['each']['wall'] / med['shared']['wall']:.2f}x, "
               f"slowest TTFT {med['each']['ttft'] / med['shared']['ttft']:.2f}x, "
               f"tokens computed {med['each']['computed'] / med['shared']['computed']:.2f}x")
+        print(f"  a short turn sent with a long one ({int(med['shared']['long_prompt'])} tokens) over the same head: "
+              f"its TTFT shared {med['shared']['short_ttft']:.2f} s (restored {int(med['shared']['short_cached'])}), "
+              f"each {med['each']['short_ttft']:.2f} s ({med['each']['short_ttft'] / med['shared']['short_ttft']:.2f}x); "
+              f"the long one's {med['shared']['long_ttft']:.2f} vs {med['each']['long_ttft']:.2f} s")
         check = cold_check(engine, model, agents, lines, tokens)
         print(f"  shared turns equal the same turns computed alone, cold: {check}")
     finally:

@@ -13,7 +13,7 @@ from mtplx.catalog import resolve
 from mtplx.chat import chat_request
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.sampling import SamplingParams
-from mtplx.engine.shared_prompt import SHARE_FROM, common_prefix, worth_waiting
+from mtplx.engine.shared_prompt import SHARE_FROM, common_prefix, wait_for
 
 
 def test_common_prefix_is_the_longest_shared_start():
@@ -28,10 +28,10 @@ def test_common_prefix_is_the_longest_shared_start():
 
 def test_waiting_pays_only_past_what_the_bank_already_restored():
     head = list(range(1000))
-    assert worth_waiting(head + [1, 2], head + [3], other_restored=0)
-    assert not worth_waiting(head + [1, 2], head + [3], other_restored=1000 - SHARE_FROM + 1)  # the bank has it
-    assert not worth_waiting(list(range(SHARE_FROM - 1)) + [7], list(range(SHARE_FROM - 1)) + [8], 0)  # too short
-    assert not worth_waiting([5] + head, head, 0)  # nothing shared
+    assert wait_for(head + [1, 2], head + [3], other_restored=0) == 1000  # up to where they part
+    assert wait_for(head + [1, 2], head + [3], other_restored=1000 - SHARE_FROM + 1) == 0  # the bank has most
+    assert wait_for(list(range(SHARE_FROM - 1)) + [7], list(range(SHARE_FROM - 1)) + [8], 0) == 0  # too short
+    assert wait_for([5] + head, head, 0) == 0  # nothing shared
 
 
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
@@ -57,5 +57,39 @@ def test_a_burst_over_one_new_head_computes_it_once_and_answers_as_cold(name, de
         assert warm[0].cached_tokens == 0
         # each follower restored the leader's prompt up to its last anchor inside the shared part
         assert all(w.cached_tokens >= shared - 16 for w in warm[1:]), [w.cached_tokens for w in warm]
+    finally:
+        engine.stop()
+
+
+def test_a_follower_waits_only_until_the_shared_part_is_in(dense_engine):
+    """A short turn sharing a head with a long prompt being prefilled restores the head as soon as
+    the long prefill has passed it, and gets its first token long before the long one does (it
+    does not wait for the whole other prompt); both answer as a cold engine."""
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
+    try:
+        tok = engine.checkpoint.tokenizer
+        system = "You are a subagent. " + " ".join(f"Rule {i}: keep edits small; test module {i} first." for i in range(40))
+        long_task = "Review this log. " + " ".join(f"line {i}: request {i} took {i % 7} ms." for i in range(300))
+        params = SamplingParams(max_tokens=8, temperature=0)
+
+        def turn(text: str, session: str):
+            return chat_request(tok, [{"role": "system", "content": system}, {"role": "user", "content": text}], None,
+                                sampling=params, session=session)
+
+        leader, follower = turn(long_task, "long"), turn("Task: read file_1.py.", "short")
+        assert len(leader.prompt) > 4 * len(follower.prompt)
+        order = []
+        listen = lambda e: order.append(e.request_id) if type(e).__name__ == "FirstToken" else None  # noqa: E731
+        engine.listeners.append(listen)
+        try:
+            subs = [engine.submit(leader), engine.submit(follower)]
+            fins = [s.result() for s in subs]
+        finally:
+            engine.listeners.remove(listen)
+        assert order == [follower.request_id, leader.request_id]
+        assert fins[1].cached_tokens >= common_prefix(leader.prompt, follower.prompt) - 16
+        cold = [dense_engine.submit(turn(long_task, "cold-long")).result(),
+                dense_engine.submit(turn("Task: read file_1.py.", "cold-short")).result()]
+        assert [f.token_ids for f in fins] == [c.token_ids for c in cold]
     finally:
         engine.stop()

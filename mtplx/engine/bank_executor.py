@@ -181,21 +181,26 @@ class BankExecutor:
         record = TurnRecord(entry, gen.request.chat, reply, sent_back=ended_by_eos or gen.finish_reason == "length")
         self._queue_first([RenderJob(tokens, gen.use_mtp, turn.plan.session) for tokens in self.bank.commit(record)])
 
-    def share_prompt(self, turn: BankedTurn, gen) -> None:
-        """A running turn's prompt, just computed, kept for requests that wait to share it (several
-        agents started at once with one new system prompt and tools): they restore it instead of
-        each prefilling it beside this one. The turn goes on; its own commit comes at its end."""
-        self._keep_partial(turn, gen, "shared_prompt", gen.state.length)
+    def share_prompt(self, turn: BankedTurn, gen) -> int:
+        """A prefilling turn's prompt so far (its latest chunk), kept for requests that wait to
+        share it (several agents started at once with one new system prompt and tools): they
+        restore it instead of each prefilling it beside this one. The turn goes on; its own commit
+        comes at its end. Returns where the kept prefix ends."""
+        state, last_hidden = gen.partial
+        self._keep_partial(turn, gen, "shared_prompt", state.length, state, last_hidden)
+        return state.length
 
-    def _keep_partial(self, turn: BankedTurn, gen, origin: str = "turn", cut: int | None = None) -> None:
+    def _keep_partial(self, turn: BankedTurn, gen, origin: str = "turn", cut: int | None = None, state=None,
+                      last_hidden=None) -> None:
         """A prefill cancelled between chunks: keep the prompt prefix it computed, so a client that
         gave up and resends (Claude Code after 300 s) restores it instead of starting over, while
         the engine was freed at once. Stored like a turn's end: the MTP head's pairs stop one short
-        of the cut and the hidden state there completes the next pair on restore. `cut`: where the
-        prefix ends (default: where the prefill stopped)."""
+        of the cut and the hidden state there completes the next pair on restore. `cut`, `state`,
+        `last_hidden`: a prefix still being extended (default: where the prefill stopped)."""
         cut = gen.prefill_cut if cut is None else cut
         anchors = [a for a in turn.plan.anchors if a.position <= cut]
-        entry = entry_from_state(gen.state, turn.plan, turn.captures, anchors, gen.last_hidden)
+        entry = entry_from_state(state or gen.state, turn.plan, turn.captures, anchors,
+                                 gen.last_hidden if last_hidden is None else last_hidden)
         if entry.mtp is not None:  # the last chunk's pairs reached the prompt token at `cut`
             entry.mtp = snapshot.truncate_kv([entry.mtp], cut - 1)[0]
         entry.origin = origin

@@ -8,7 +8,7 @@ one batched decode step for every running sequence). Every event is also handed 
 listeners (receipt writer, metrics, TUI), which must return quickly.
 
 The bank is consulted in three places only: `_begin` (plan: where the request starts), `_finish`
-(commit: what the turn computed) and `_prompt_in` (a prompt other queued requests wait to share,
+(commit: what the turn computed) and `_chunk_in` (a prompt prefix queued requests wait to share,
 shared_prompt.py).
 """
 
@@ -132,7 +132,7 @@ class Engine:
         self.died: str | None = None  # why the engine thread ended unexpectedly (None while healthy)
         self.ssd_error: str | None = None  # why the SSD tier could not be opened, if it could not
         self.draft_vocab = None  # the tokens MTP drafts are projected onto (draft_vocab.py), learned here
-        self._sharing: dict[tuple[str, str], bool] = {}  # (queued, prefilling) request ids -> worth waiting (_waits)
+        self._sharing: dict[tuple[str, str], int] = {}  # (queued, prefilling) request ids -> prefix to wait for (_waits)
         self.share_prompts = config.share_prompts  # set on the engine thread (engine.call) to compare
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -281,23 +281,24 @@ class Engine:
             return pending is not None and self.scheduler.can_admit(self._cost(pending[0].request))
 
     def _waits(self, sub) -> bool:
-        """Whether a queued request waits for a prefilling one's prompt (shared_prompt.py); that
-        one is marked, so its prompt goes to the bank once computed (_prompt_in)."""
+        """Whether a queued request waits for a prefilling one to pass the prompt they share
+        (shared_prompt.py); that one is told how far (its `share_wanted`), and keeps the prefix
+        in the bank when its prefill gets there (_chunk_in)."""
         # Not on sharded ranks: only rank 0 decides admissions, and a bank entry made on rank 0
         # alone would plan a restore the other ranks cannot follow. A scored prompt restores nothing.
         if not self.share_prompts or self.bank is None or self.scheduler is None or not isinstance(sub, Submission) \
-                or self.runner.sharded \
-                or sub.request.prompt_logprobs is not None:
+                or self.runner.sharded or sub.request.prompt_logprobs is not None:
             return False
-        from mtplx.engine.shared_prompt import worth_waiting
+        from mtplx.engine.shared_prompt import wait_for
 
         for seq in self.scheduler.prefilling:
             key = (sub.request.request_id, seq.request_id)
             if key not in self._sharing:
-                self._sharing[key] = not seq.cancelled() and worth_waiting(sub.request.prompt, seq.gen.request.prompt,
-                                                                           seq.restored)
-            if self._sharing[key]:
-                seq.followed = True
+                self._sharing[key] = 0 if seq.cancelled() else wait_for(sub.request.prompt, seq.gen.request.prompt,
+                                                                         seq.restored)
+            wanted = self._sharing[key]
+            if wanted > seq.shared_to:
+                seq.share_wanted = tuple(sorted({*seq.share_wanted, wanted}))
                 return True
         return False
 
@@ -430,7 +431,7 @@ class Engine:
         self._kv_per_token = kv_bytes_per_token(self.model_config, itemsize, self.has_mtp)
         budget = self.config.memory_budget or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
         self.scheduler = Scheduler(self.runner, self.config.chunk_size, self.config.max_batch, budget,
-                                   lambda seq, event: self._publish(seq.sub, event), self._finish, self._prompt_in)
+                                   lambda seq, event: self._publish(seq.sub, event), self._finish, self._chunk_in)
 
     def _step(self, work) -> None:
         """One unit of work. An exception fails at most the requests of that step or that background job."""
@@ -514,16 +515,19 @@ class Engine:
             return self._failed(sub, exc)
         self.scheduler.admit(seq)
 
-    def _prompt_in(self, seq) -> None:
-        """A prefilling sequence's prompt is in: where requests wait to share it, the bank keeps it
-        now (bank_executor.share_prompt), before this turn's first token."""
-        self._sharing = {k: v for k, v in self._sharing.items() if k[1] != seq.request_id}
-        if not seq.followed or self.bank is None or seq.bank_turn is None:
+    def _chunk_in(self, seq) -> None:
+        """A prefill chunk is in: where queued requests wait for this prompt's prefix up to here,
+        the bank keeps it now (bank_executor.share_prompt)."""
+        done = seq.restored + seq.prefilled
+        if not seq.share_wanted or self.bank is None or seq.bank_turn is None \
+                or not any(seq.shared_to < n <= done for n in seq.share_wanted):
             return
         try:
-            self.bank_executor.share_prompt(seq.bank_turn, seq.gen)
+            seq.shared_to = self.bank_executor.share_prompt(seq.bank_turn, seq.gen)
         except Exception:  # the waiting requests then prefill it themselves; this turn goes on
             log.exception("keeping %s's prompt to share failed", seq.request_id)
+            seq.shared_to = len(seq.gen.request.prompt)  # release them
+        seq.share_wanted = tuple(n for n in seq.share_wanted if n > seq.shared_to)
 
     def _failed(self, sub: Submission, error: Exception) -> None:
         request_id = sub.request.request_id

@@ -97,6 +97,9 @@ class Generation:
         self.stop_token: int | None = None  # the end-of-sequence token that ended the turn
         self.last_hidden_at_end = None  # hidden at the cache's last position, after feed_tail
         self.prefill_cut: int | None = None  # where a cancelled prefill stopped (its state is kept)
+        # The prefill's state and last hidden after its latest chunk (what a request waiting to
+        # share this prompt restores from: engine/shared_prompt.py); the caches go on being written.
+        self.partial: tuple | None = None
         self.eager_mtp = request.source == "render_ahead"  # the MTP head's KV with each prefill chunk
         self.last: int | None = None  # generated, not yet fed to the trunk (AR decoding)
         self._t0 = 0.0  # when decoding began (perf_counter)
@@ -157,6 +160,7 @@ class Generation:
                 on_checkpoint(begin + stop, recurrent)
             if on_checkpoint and end in checkpoints:
                 on_checkpoint(end, snapshot.checkpoint_arrays(state.trunk))
+            self.partial = (state, last_hidden)
             yield PrefillProgress(self.request.request_id, end - cached, len(prompt) - cached)
         self.stats.prefill_s = time.perf_counter() - t0
         self.state = state

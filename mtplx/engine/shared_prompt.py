@@ -5,8 +5,9 @@ parallel subagents: one system prompt and tool list, each its own task). The ban
 only once it is computed, so each of them planned its restore before any had computed anything,
 and all prefilled the same head side by side: n times the work, and each first token late by
 that much. Instead, a queued request whose prompt shares at least SHARE_FROM tokens (beyond what
-that request restored from the bank) with a request still prefilling waits until that prompt is
-in; the engine then keeps it in the bank (bank_executor.share_prompt), and the waiting request
+that request restored from the bank) with a request still prefilling waits until that prefill has
+passed the shared part (it would have computed that much itself); the engine then keeps the
+prefix in the bank at that chunk's end (bank_executor.share_prompt), and the waiting request
 restores it at its last anchor inside the shared part and prefills only its own rest.
 
 Pure functions over token lists (no MLX); the engine holds the queue and the sequences.
@@ -34,7 +35,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
-def worth_waiting(prompt: Sequence[int], other: Sequence[int], other_restored: int, share_from: int = SHARE_FROM) -> bool:
-    """Whether a request over `prompt` should wait for one prefilling `other` (which restored
-    `other_restored` tokens from the bank: those the waiting request can restore itself)."""
-    return common_prefix(prompt, other) - other_restored >= share_from
+def wait_for(prompt: Sequence[int], other: Sequence[int], other_restored: int, share_from: int = SHARE_FROM) -> int:
+    """How much of `other`'s prompt (being prefilled; it restored `other_restored` tokens from the
+    bank, which a request over `prompt` can restore as well) that request should wait for: their
+    shared prefix, or 0 where that is not worth waiting for."""
+    shared = common_prefix(prompt, other)
+    return shared if shared - other_restored >= share_from else 0
