@@ -5,6 +5,7 @@ the leader's prompt and answering exactly as a cold engine does."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -91,5 +92,37 @@ def test_a_follower_waits_only_until_the_shared_part_is_in(dense_engine):
         cold = [dense_engine.submit(turn(long_task, "cold-long")).result(),
                 dense_engine.submit(turn("Task: read file_1.py.", "cold-short")).result()]
         assert [f.token_ids for f in fins] == [c.token_ids for c in cold]
+    finally:
+        engine.stop()
+
+
+def test_a_follower_whose_leader_is_abandoned_still_answers_as_cold(dense_engine):
+    """The turn computing a shared head is cancelled (its client went away) while another waits
+    for it: the waiting turn is admitted (restoring what the cancelled prefill kept, if anything)
+    and answers as a cold engine; nothing hangs."""
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
+    try:
+        tok = engine.checkpoint.tokenizer
+        system = "You are a subagent. " + " ".join(f"Rule {i}: never skip the tests of module {i}." for i in range(60))
+        params = SamplingParams(max_tokens=8, temperature=0)
+
+        def turn(text: str, session: str):
+            return chat_request(tok, [{"role": "system", "content": system}, {"role": "user", "content": text}], None,
+                                sampling=params, session=session)
+
+        leader, follower = turn("Task: read file_0.py.", "gone"), turn("Task: read file_1.py.", "stays")
+        started = []
+        engine.listeners.append(lambda e: started.append(e) if type(e).__name__ == "PrefillProgress"
+                                and e.request_id == leader.request_id else None)
+        first = engine.submit(leader)
+        second = engine.submit(follower)
+        deadline = time.monotonic() + 60
+        while not started and time.monotonic() < deadline:
+            time.sleep(0.001)
+        first.cancel()
+        assert first.result().finish_reason == "cancelled"
+        fin = second.result()
+        cold = dense_engine.submit(turn("Task: read file_1.py.", "cold-stays")).result()
+        assert fin.finish_reason != "cancelled" and fin.token_ids == cold.token_ids
     finally:
         engine.stop()
