@@ -787,3 +787,18 @@ def test_a_taken_default_port_moves_the_endpoint_and_says_so(monkeypatch):
         assert named.exit_code == 2 and "in use" in named.output
     finally:
         holder.close()
+
+
+def test_entries_say_what_made_them():
+    """The bank table, the anchor map and the turn screen name an entry's origin: its own turn,
+    render-ahead, or a prompt kept for turns that waited to share it (engine/shared_prompt.py)."""
+    from tui.widgets.anchor_map import anchor_map
+    from tui.widgets.bank import origin_of
+
+    entry = {"id": "e_1", "session": "sub-1", "tokens": 900, "anchors": [(300, "head"), (880, "message")],
+             "checkpoints": [300], "origin": "shared_prompt"}
+    assert origin_of(entry) == "a shared prompt"
+    assert "(a shared prompt)" in anchor_map(entry, 40, 300).plain
+    assert origin_of({**entry, "origin": "render_ahead"}) == "render-ahead"
+    assert origin_of({**entry, "origin": "turn"}) == origin_of({k: v for k, v in entry.items() if k != "origin"}) == "a turn"
+    assert anchor_map({**entry, "origin": "turn"}, 40, 300).plain.split("\n")[-1].startswith("e_1 sub-1: restored")

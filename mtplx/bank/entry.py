@@ -33,7 +33,7 @@ class Entry:
     last_used: float = field(default_factory=time.monotonic)
     hits: int = 0
     last_restore: int | None = None  # the position the latest restore from this entry cut at
-    origin: str = "turn"  # "turn" (a request's own state) or "render_ahead" (prepared in idle time)
+    origin: str = "turn"  # "turn" (a request's own state), "render_ahead" (prepared in idle time) or "shared_prompt" (engine/shared_prompt.py)
     token_array: object = None  # the tokens as an int array, made once for the planner
 
     def __post_init__(self):

@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from tui.widgets.anchor_map import AnchorMap
+from tui.widgets.bank import origin_of
 
 RAW_SHOWN = 20_000  # characters of the raw request drawn (the receipt keeps more)
 
@@ -94,7 +95,7 @@ class TurnScreen(Screen):
             self.query_one(AnchorMap).show(self.entry, cached, f"anchor map at this turn · {cached} restored from "
                                                               f"{self.entry['id']}")
             e = self.entry
-            kind = "render-ahead" if e.get("origin") == "render_ahead" else "a turn"
+            kind = origin_of(e)
             self.query_one("#turn-entry", Static).update(escape(
                 f"entry {e['id']} (from {kind}) · session {e.get('session') or '-'} · {e['tokens']} tokens · "
                 f"hits {e.get('hits')}\nanchors {[tuple(a) for a in e['anchors']]}\ncheckpoints {e['checkpoints']}"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.widgets.bank import GLYPH
+from tui.widgets.bank import GLYPH, ORIGIN, origin_of
 
 STYLE = {"head": "bold magenta", "message": "bold cyan", "prompt_end": "bold yellow", "generation_end": "bold green",
          "grid": "dim"}
@@ -43,7 +43,7 @@ def anchor_map(entry: dict, width: int, restore: int | None = None) -> Text:
     for ch in scale_line:
         text.append(ch, style="reverse bold red" if ch == "▲" else "")
     where = f"restored up to {restore} (▲)" if restore is not None else "never restored"
-    kind = " (render-ahead)" if entry.get("origin") == "render_ahead" else ""
+    kind = f" ({origin_of(entry)})" if entry.get("origin") in ORIGIN else ""
     text.append(f"\n{entry['id']} {entry['session'] or '-'}{kind}: {where}; {entry['tokens']} tokens, {len(entry['anchors'])} anchors, "
                 f"{len(entry['checkpoints'])} checkpoints", style="dim")
     text.no_wrap, text.overflow = True, "ellipsis"  # three lines always, however narrow

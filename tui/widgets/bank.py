@@ -25,6 +25,16 @@ def anchor_strip(length: int, anchors: list[tuple[int, str]], checkpoints: list[
     return "".join(cells)
 
 
+# What made an entry, by its origin (mtplx/bank/entry.py): its own turn, idle-time render-ahead,
+# or a prompt prefix kept for turns waiting to share it (mtplx/engine/shared_prompt.py).
+ORIGIN = {"render_ahead": ("ahead", "render-ahead"), "shared_prompt": ("share", "a shared prompt")}
+
+
+def origin_of(entry: dict) -> str:
+    """The entry's origin in words ("a turn" unless it came from render-ahead or a shared prompt)."""
+    return ORIGIN.get(entry.get("origin"), (None, "a turn"))[1]
+
+
 def short(name: str, width: int) -> str:
     """Head and tail of a long session name (replay sessions differ only at the end)."""
     return name if len(name) <= width else name[: width // 2 - 1] + "…" + name[-(width - width // 2):]
@@ -67,7 +77,7 @@ class BankTable(DataTable):
             self.clear()
         for e in entries:
             cells = {"session": short(str(e["session"] or "-"), 10),
-                     "origin": ("ahead" if e.get("origin") == "render_ahead" else
+                     "origin": (ORIGIN[e["origin"]][0] if e.get("origin") in ORIGIN else
                                 "ssd" if e.get("tier") == "ssd" else "turn"),  # ssd: on disk only, not in RAM
                      "tokens": str(e["tokens"]), "hits": str(e["hits"]), "kib": f"{e['bytes'] / 1024:.0f}"}
             self.add_row(*(cells[k] for k in self.shape[0]),
