@@ -126,3 +126,39 @@ def test_a_follower_whose_leader_is_abandoned_still_answers_as_cold(dense_engine
         assert fin.finish_reason != "cancelled" and fin.token_ids == cold.token_ids
     finally:
         engine.stop()
+
+
+def test_a_waiting_turn_whose_client_leaves_ends_at_once():
+    """A turn waiting for another's shared prompt is cancelled (its client went away): it ends as
+    cancelled without waiting for that prefill, and the other turn goes on."""
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
+    try:
+        tok = engine.checkpoint.tokenizer
+        system = "You are a subagent. " + " ".join(f"Rule {i}: never skip the tests of module {i}." for i in range(60))
+        log = "Review this log. " + " ".join(f"line {i}: request {i} took {i % 7} ms." for i in range(120))
+        params = SamplingParams(max_tokens=4, temperature=0)
+
+        def turn(messages: list, session: str):
+            return chat_request(tok, [{"role": "system", "content": system}, *messages], None, sampling=params,
+                                session=session)
+
+        # The follower shares the leader's whole prompt but its last tokens: it would wait until
+        # the leader's last chunk, just before that one's first token.
+        asked = [{"role": "user", "content": log}]
+        leader = turn(asked, "long")
+        follower = turn(asked + [{"role": "assistant", "content": "Read."}, {"role": "user", "content": "And file_1.py?"}], "gone")
+        order = []
+        engine.listeners.append(lambda e: order.append((type(e).__name__, e.request_id))
+                                if type(e).__name__ in ("FirstToken", "Finished", "PrefillProgress") else None)
+        first, second = engine.submit(leader), engine.submit(follower)
+        deadline = time.monotonic() + 60
+        while not any(r == leader.request_id for _, r in order) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        second.cancel()
+        assert second.result().finish_reason == "cancelled"
+        assert first.result().finish_reason in ("stop", "length")
+        ended = order.index(("Finished", follower.request_id))
+        assert ended < order.index(("FirstToken", leader.request_id))  # it did not wait for the other's prefill
+        assert ("PrefillProgress", follower.request_id) not in order  # it computed nothing
+    finally:
+        engine.stop()

@@ -287,7 +287,8 @@ class Engine:
         # Not on sharded ranks: only rank 0 decides admissions, and a bank entry made on rank 0
         # alone would plan a restore the other ranks cannot follow. A scored prompt restores nothing.
         if not self.share_prompts or self.bank is None or self.scheduler is None or not isinstance(sub, Submission) \
-                or self.runner.sharded or sub.request.prompt_logprobs is not None:
+                or self.runner.sharded or sub.request.prompt_logprobs is not None \
+                or sub.cancelled.is_set():  # admitted at once, to end as cancelled (_begin)
             return False
         from mtplx.engine.shared_prompt import wait_for
 
