@@ -17,6 +17,31 @@ from mtplx.engine.sampling import SamplingParams
 from mtplx.engine.shared_prompt import SHARE_FROM, common_prefix, wait_for
 
 
+SYSTEM = "You are a subagent. " + " ".join(f"Rule {i}: never skip the tests of module {i}." for i in range(60))
+LOG = "Review this log. " + " ".join(f"line {i}: request {i} took {i % 7} ms." for i in range(120))
+
+
+@pytest.fixture
+def fresh():
+    """An engine whose bank starts empty (what was shared must come from this test's turns)."""
+    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
+    yield engine
+    engine.stop()
+
+
+def turn(engine, messages: list, session: str, max_tokens: int = 8, system: str = SYSTEM):
+    """A greedy chat turn: the shared system prompt, then `messages` (a str: one user message)."""
+    messages = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
+    return chat_request(engine.checkpoint.tokenizer, [{"role": "system", "content": system}, *messages], None,
+                        sampling=SamplingParams(max_tokens=max_tokens, temperature=0), session=session)
+
+
+def wait_for_event(seen: list, deadline_s: float = 60) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def test_common_prefix_is_the_longest_shared_start():
     rng = random.Random(3)
     for _ in range(200):
@@ -40,21 +65,13 @@ def test_a_burst_over_one_new_head_computes_it_once_and_answers_as_cold(name, de
     cold_engine = dense_engine if name == "tiny-dense" else hybrid_engine
     engine = Engine(resolve(name), EngineConfig(chunk_size=64), name=name, bank=BankConfig()).start()
     try:
-        tok = engine.checkpoint.tokenizer
-        system = "You are a subagent. " + " ".join(f"Rule {i}: keep edits small; test module {i} first." for i in range(40))
-        params = SamplingParams(max_tokens=12, temperature=0)
-
-        def turn(i: int, session: str):
-            messages = [{"role": "system", "content": system}, {"role": "user", "content": f"Task {i}: read file_{i}.py."}]
-            return chat_request(tok, messages, None, sampling=params, session=session)
-
-        requests = [turn(i, f"sub-{i}") for i in range(3)]
-        assert common_prefix(requests[0].prompt, requests[1].prompt) >= SHARE_FROM + 64
-        subs = [engine.submit(r) for r in requests]  # at once: they queue together
-        warm = [s.result() for s in subs]
-        cold = [cold_engine.submit(turn(i, f"cold-{name}-{i}")).result() for i in range(3)]
-        assert [w.token_ids for w in warm] == [c.token_ids for c in cold]
+        requests = [turn(engine, f"Task {i}: read file_{i}.py.", f"sub-{i}", 12) for i in range(3)]
         shared = common_prefix(requests[0].prompt, requests[1].prompt)
+        assert shared >= SHARE_FROM + 64
+        warm = [s.result() for s in [engine.submit(r) for r in requests]]  # at once: they queue together
+        cold = [cold_engine.submit(turn(cold_engine, f"Task {i}: read file_{i}.py.", f"cold-{name}-{i}", 12)).result()
+                for i in range(3)]
+        assert [w.token_ids for w in warm] == [c.token_ids for c in cold]
         assert warm[0].cached_tokens == 0
         # each follower restored the leader's prompt up to its last anchor inside the shared part
         assert all(w.cached_tokens >= shared - 16 for w in warm[1:]), [w.cached_tokens for w in warm]
@@ -62,103 +79,57 @@ def test_a_burst_over_one_new_head_computes_it_once_and_answers_as_cold(name, de
         engine.stop()
 
 
-def test_a_follower_waits_only_until_the_shared_part_is_in(dense_engine):
+def test_a_follower_waits_only_until_the_shared_part_is_in(fresh, dense_engine):
     """A short turn sharing a head with a long prompt being prefilled restores the head as soon as
     the long prefill has passed it, and gets its first token long before the long one does (it
     does not wait for the whole other prompt); both answer as a cold engine."""
-    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
-    try:
-        tok = engine.checkpoint.tokenizer
-        system = "You are a subagent. " + " ".join(f"Rule {i}: keep edits small; test module {i} first." for i in range(40))
-        long_task = "Review this log. " + " ".join(f"line {i}: request {i} took {i % 7} ms." for i in range(300))
-        params = SamplingParams(max_tokens=8, temperature=0)
-
-        def turn(text: str, session: str):
-            return chat_request(tok, [{"role": "system", "content": system}, {"role": "user", "content": text}], None,
-                                sampling=params, session=session)
-
-        leader, follower = turn(long_task, "long"), turn("Task: read file_1.py.", "short")
-        assert len(leader.prompt) > 4 * len(follower.prompt)
-        order = []
-        listen = lambda e: order.append(e.request_id) if type(e).__name__ == "FirstToken" else None  # noqa: E731
-        engine.listeners.append(listen)
-        try:
-            subs = [engine.submit(leader), engine.submit(follower)]
-            fins = [s.result() for s in subs]
-        finally:
-            engine.listeners.remove(listen)
-        assert order == [follower.request_id, leader.request_id]
-        assert fins[1].cached_tokens >= common_prefix(leader.prompt, follower.prompt) - 16
-        cold = [dense_engine.submit(turn(long_task, "cold-long")).result(),
-                dense_engine.submit(turn("Task: read file_1.py.", "cold-short")).result()]
-        assert [f.token_ids for f in fins] == [c.token_ids for c in cold]
-    finally:
-        engine.stop()
+    leader, follower = turn(fresh, LOG, "long"), turn(fresh, "Task: read file_1.py.", "short")
+    assert len(leader.prompt) > 2 * len(follower.prompt)
+    order = []
+    listen = lambda e: order.append(e.request_id) if type(e).__name__ == "FirstToken" else None  # noqa: E731
+    fresh.listeners.append(listen)
+    fins = [s.result() for s in [fresh.submit(leader), fresh.submit(follower)]]
+    assert order == [follower.request_id, leader.request_id]
+    assert fins[1].cached_tokens >= common_prefix(leader.prompt, follower.prompt) - 16
+    cold = [dense_engine.submit(turn(dense_engine, text, f"cold-{name}")).result()
+            for name, text in (("long", LOG), ("short", "Task: read file_1.py."))]
+    assert [f.token_ids for f in fins] == [c.token_ids for c in cold]
 
 
-def test_a_follower_whose_leader_is_abandoned_still_answers_as_cold(dense_engine):
+def test_a_follower_whose_leader_is_abandoned_still_answers_as_cold(fresh, dense_engine):
     """The turn computing a shared head is cancelled (its client went away) while another waits
     for it: the waiting turn is admitted (restoring what the cancelled prefill kept, if anything)
     and answers as a cold engine; nothing hangs."""
-    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
-    try:
-        tok = engine.checkpoint.tokenizer
-        system = "You are a subagent. " + " ".join(f"Rule {i}: never skip the tests of module {i}." for i in range(60))
-        params = SamplingParams(max_tokens=8, temperature=0)
-
-        def turn(text: str, session: str):
-            return chat_request(tok, [{"role": "system", "content": system}, {"role": "user", "content": text}], None,
-                                sampling=params, session=session)
-
-        leader, follower = turn("Task: read file_0.py.", "gone"), turn("Task: read file_1.py.", "stays")
-        started = []
-        engine.listeners.append(lambda e: started.append(e) if type(e).__name__ == "PrefillProgress"
-                                and e.request_id == leader.request_id else None)
-        first = engine.submit(leader)
-        second = engine.submit(follower)
-        deadline = time.monotonic() + 60
-        while not started and time.monotonic() < deadline:
-            time.sleep(0.001)
-        first.cancel()
-        assert first.result().finish_reason == "cancelled"
-        fin = second.result()
-        cold = dense_engine.submit(turn("Task: read file_1.py.", "cold-stays")).result()
-        assert fin.finish_reason != "cancelled" and fin.token_ids == cold.token_ids
-    finally:
-        engine.stop()
+    leader, follower = turn(fresh, "Task: read file_0.py.", "gone"), turn(fresh, "Task: read file_1.py.", "stays")
+    started = []
+    fresh.listeners.append(lambda e: started.append(e) if type(e).__name__ == "PrefillProgress"
+                           and e.request_id == leader.request_id else None)
+    first, second = fresh.submit(leader), fresh.submit(follower)
+    wait_for_event(started)
+    first.cancel()
+    assert first.result().finish_reason == "cancelled"
+    fin = second.result()
+    cold = dense_engine.submit(turn(dense_engine, "Task: read file_1.py.", "cold-stays")).result()
+    assert fin.finish_reason != "cancelled" and fin.token_ids == cold.token_ids
 
 
-def test_a_waiting_turn_whose_client_leaves_ends_at_once():
+def test_a_waiting_turn_whose_client_leaves_ends_at_once(fresh):
     """A turn waiting for another's shared prompt is cancelled (its client went away): it ends as
     cancelled without waiting for that prefill, and the other turn goes on."""
-    engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=64), name="tiny-dense", bank=BankConfig()).start()
-    try:
-        tok = engine.checkpoint.tokenizer
-        system = "You are a subagent. " + " ".join(f"Rule {i}: never skip the tests of module {i}." for i in range(60))
-        log = "Review this log. " + " ".join(f"line {i}: request {i} took {i % 7} ms." for i in range(120))
-        params = SamplingParams(max_tokens=4, temperature=0)
-
-        def turn(messages: list, session: str):
-            return chat_request(tok, [{"role": "system", "content": system}, *messages], None, sampling=params,
-                                session=session)
-
-        # The follower shares the leader's whole prompt but its last tokens: it would wait until
-        # the leader's last chunk, just before that one's first token.
-        asked = [{"role": "user", "content": log}]
-        leader = turn(asked, "long")
-        follower = turn(asked + [{"role": "assistant", "content": "Read."}, {"role": "user", "content": "And file_1.py?"}], "gone")
-        order = []
-        engine.listeners.append(lambda e: order.append((type(e).__name__, e.request_id))
-                                if type(e).__name__ in ("FirstToken", "Finished", "PrefillProgress") else None)
-        first, second = engine.submit(leader), engine.submit(follower)
-        deadline = time.monotonic() + 60
-        while not any(r == leader.request_id for _, r in order) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        second.cancel()
-        assert second.result().finish_reason == "cancelled"
-        assert first.result().finish_reason in ("stop", "length")
-        ended = order.index(("Finished", follower.request_id))
-        assert ended < order.index(("FirstToken", leader.request_id))  # it did not wait for the other's prefill
-        assert ("PrefillProgress", follower.request_id) not in order  # it computed nothing
-    finally:
-        engine.stop()
+    # The follower shares the leader's whole prompt but its last tokens: it would wait until the
+    # leader's last chunk, just before that one's first token.
+    asked = [{"role": "user", "content": LOG}]
+    leader = turn(fresh, asked, "long", max_tokens=4)
+    follower = turn(fresh, asked + [{"role": "assistant", "content": "Read."}, {"role": "user", "content": "And file_1.py?"}],
+                    "gone", max_tokens=4)
+    order = []
+    fresh.listeners.append(lambda e: order.append((type(e).__name__, e.request_id))
+                           if type(e).__name__ in ("FirstToken", "Finished", "PrefillProgress") else None)
+    first, second = fresh.submit(leader), fresh.submit(follower)
+    wait_for_event(order)
+    second.cancel()
+    assert second.result().finish_reason == "cancelled"
+    assert first.result().finish_reason in ("stop", "length")
+    ended = order.index(("Finished", follower.request_id))
+    assert ended < order.index(("FirstToken", leader.request_id))  # it did not wait for the other's prefill
+    assert ("PrefillProgress", follower.request_id) not in order  # it computed nothing
