@@ -10,7 +10,10 @@ alternate within the round, each with a head of its own: `shared` (the default: 
 wait for the one computing the head and restore it, engine/shared_prompt.py) and `each` (every
 turn prefills the head itself: `share_prompts` off). Prints per arm the burst's wall time, the
 slowest turn's TTFT, the prompt tokens computed (prompt minus cached), the ratio each / shared,
-and whether the greedy outputs of both arms are identical (they must be).
+and whether the greedy outputs of both arms are identical (they must be). Two more cases per
+round and arm: a short turn sent together with a long one over the same head (it waits only
+until the long prefill has passed the head), and a turn sent while another over the same head
+already decodes (it restores the head from that running turn: bank_executor.share_running).
 """
 
 from __future__ import annotations
@@ -62,6 +65,34 @@ def pair(engine, head: str, tokens: int, tag: str) -> dict:
             "short_cached": fins[1].cached_tokens, "long_prompt": fins[0].prompt_tokens}
 
 
+def late(engine, head: str, tokens: int, tag: str) -> dict:
+    """A turn over the head decoding a long reply, and another over the same head sent once the
+    first is decoding (a second agent started meanwhile): the second's TTFT, and what it restored."""
+    import dataclasses
+
+    from mtplx.events import FirstToken
+
+    tok = engine.checkpoint.tokenizer
+    first, second = (chat_request(tok, [{"role": "system", "content": head}, {"role": "user", "content": text}], None,
+                                  sampling=SamplingParams(max_tokens=n, temperature=0), session=f"{tag}-{name}")
+                     for name, text, n in (("first", "Explain file_0.py in detail.", 256),
+                                           ("second", "Task: read file_1.py and report.", tokens)))
+    first = dataclasses.replace(first, sampling=dataclasses.replace(first.sampling, ignore_eos=True))
+    started = []
+    listen = lambda e: started.append(e) if isinstance(e, FirstToken) and e.request_id == first.request_id else None  # noqa: E731
+    engine.listeners.append(listen)
+    try:
+        running = engine.submit(first)
+        while not started:
+            time.sleep(0.001)
+        fin = engine.submit(second).result()
+        running.result()
+    finally:
+        engine.listeners.remove(listen)
+    return {"late_ttft": fin.stats.ttft_s or 0.0, "late_cached": fin.cached_tokens, "late_prompt": fin.prompt_tokens,
+            "late_output": fin.token_ids}
+
+
 def run(model: str, rounds: int, agents: int, lines: int, tokens: int) -> None:
     engine = Engine(resolve(model), EngineConfig(), name=model, bank=BankConfig()).start()
     try:
@@ -74,6 +105,7 @@ def run(model: str, rounds: int, agents: int, lines: int, tokens: int) -> None:
                     f"Rule {i}: keep edits small and test module {i} before module {i + 1}." for i in range(lines))
                 row = burst(engine, head, agents, tokens, f"{model}-{r}-{arm}")
                 row |= pair(engine, "Long and short. " + head, tokens, f"{model}-{r}-{arm}-pair")
+                row |= late(engine, "One after another. " + head, tokens, f"{model}-{r}-{arm}-late")
                 if r:
                     rows[arm].append(row)
         engine.call(lambda: setattr(engine, "share_prompts", True))
@@ -89,6 +121,9 @@ def run(model: str, rounds: int, agents: int, lines: int, tokens: int) -> None:
               f"its TTFT shared {med['shared']['short_ttft']:.2f} s (restored {int(med['shared']['short_cached'])}), "
               f"each {med['each']['short_ttft']:.2f} s ({med['each']['short_ttft'] / med['shared']['short_ttft']:.2f}x); "
               f"the long one's {med['shared']['long_ttft']:.2f} vs {med['each']['long_ttft']:.2f} s")
+        print(f"  a turn sent while another over the same head decodes ({int(med['shared']['late_prompt'])} tokens): "
+              f"its TTFT shared {med['shared']['late_ttft']:.3f} s (restored {int(med['shared']['late_cached'])}), "
+              f"each {med['each']['late_ttft']:.3f} s ({med['each']['late_ttft'] / med['shared']['late_ttft']:.2f}x)")
         check = cold_check(engine, model, agents, lines, tokens)
         print(f"  shared turns equal the same turns computed alone, cold: {check}")
     finally:
@@ -96,10 +131,12 @@ def run(model: str, rounds: int, agents: int, lines: int, tokens: int) -> None:
 
 
 def cold_check(engine, model: str, agents: int, lines: int, tokens: int) -> bool:
-    """A shared burst's outputs against each of its turns run alone on a fresh engine (no bank)."""
+    """A shared burst's outputs, and a turn's sent while another decodes, against each of those
+    turns run alone on a fresh engine (no bank)."""
     head = "You are the checking subagent. " + " ".join(
         f"Rule {i}: keep edits small and test module {i} before module {i + 1}." for i in range(lines))
     shared = burst(engine, head, agents, tokens, f"{model}-check")["outputs"]
+    shared.append(late(engine, head, tokens, f"{model}-check-late")["late_output"])
     cold = Engine(resolve(model), EngineConfig(), name=model).start()
     try:
         tok = cold.checkpoint.tokenizer
@@ -110,6 +147,9 @@ def cold_check(engine, model: str, agents: int, lines: int, tokens: int) -> bool
                                      {"role": "user", "content": f"Task {i}: read file_{i}.py and report what it does."}],
                                None, sampling=params)
             alone.append(cold.submit(req).result().token_ids)
+        req = chat_request(tok, [{"role": "system", "content": head},
+                                 {"role": "user", "content": "Task: read file_1.py and report."}], None, sampling=params)
+        alone.append(cold.submit(req).result().token_ids)
         return alone == shared
     finally:
         cold.stop()

@@ -4,6 +4,7 @@ the leader's prompt and answering exactly as a cold engine does."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 
@@ -133,3 +134,37 @@ def test_a_waiting_turn_whose_client_leaves_ends_at_once(fresh):
     ended = order.index(("Finished", follower.request_id))
     assert ended < order.index(("FirstToken", leader.request_id))  # it did not wait for the other's prefill
     assert ("PrefillProgress", follower.request_id) not in order  # it computed nothing
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
+def test_a_turn_arriving_while_another_decodes_restores_its_head(name, dense_engine, hybrid_engine):
+    """A second agent starts while the first one's turn decodes, in a batch with a third over
+    another prompt: the new turn restores the shared head from the running turn (the bank holds
+    nothing yet: that turn has not ended) and every turn answers as a cold engine."""
+    cold_engine = dense_engine if name == "tiny-dense" else hybrid_engine
+    engine = Engine(resolve(name), EngineConfig(chunk_size=64), name=name, bank=BankConfig()).start()
+    try:
+        def long(e, session, system=SYSTEM):
+            r = turn(e, "Task 0: explain file_0.py in detail.", session, 160, system)
+            return dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, ignore_eos=True))
+
+        other = "You are a reviewer. " + "Say what changed and why. " * 40
+        order = []
+        engine.listeners.append(lambda e: order.append((type(e).__name__, e.request_id))
+                                if type(e).__name__ in ("FirstToken", "Restored", "Finished") else None)
+        leaders = [long(engine, "first"), long(engine, "other", other)]
+        running = [engine.submit(r) for r in leaders]
+        deadline = time.monotonic() + 60
+        while sum(kind == "FirstToken" for kind, _ in order) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        late = turn(engine, "Task 9: read file_9.py.", "late", 12)
+        fin = engine.submit(late).result()
+        firsts = [s.result() for s in running]
+        shared = common_prefix(late.prompt, leaders[0].prompt)
+        assert shared >= SHARE_FROM + 64
+        assert fin.cached_tokens >= shared - 16, fin.cached_tokens
+        assert order.index(("Restored", late.request_id)) < order.index(("Finished", leaders[0].request_id))
+        assert fin.token_ids == cold_engine.submit(turn(cold_engine, "Task 9: read file_9.py.", f"cold-late-{name}", 12)).result().token_ids
+        assert firsts[0].token_ids == cold_engine.submit(long(cold_engine, f"cold-first-{name}")).result().token_ids
+    finally:
+        engine.stop()

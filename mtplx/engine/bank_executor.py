@@ -21,6 +21,7 @@ from mtplx.bank.anchors import GENERATION_END, MESSAGE, Anchor
 from mtplx.bank.bank import Outcome, SessionBank, TurnPlan, TurnRecord
 from mtplx.bank.entry import Entry
 from mtplx.chat import sent_back
+from mtplx.engine.shared_prompt import SHARE_FROM
 from mtplx.state import snapshot
 from mtplx.state.turn import StartPoint, TurnState
 
@@ -189,6 +190,41 @@ class BankExecutor:
         state, last_hidden = gen.partial
         self._keep_partial(turn, gen, "shared_prompt", state.length, state, last_hidden)
         return state.length
+
+    def share_running(self, turn: BankedTurn, gen, shared: int, held: int) -> int:
+        """A turn past its prefill (decoding, alone or in a batch) shares its first `shared` prompt
+        tokens with a request arriving now: keep its prompt up to the last point at or before
+        `shared` where its exact state is at hand, so that request restores it instead of
+        computing it again (engine/shared_prompt.py). `held`: what the bank holds of it already
+        (what it restored, or was kept of it before). Returns the point kept, else `held`.
+
+        Its prompt's attention KV is never written again (decoding appends after it; a batch
+        writes its own merged copy), so any prefix of it is exact. Recurrent and sliding-window
+        state exists only where the prefill captured it, with the hidden that completes the MTP
+        pair there (Generation.hidden_at)."""
+        if not self.bank.recurrent:
+            cut, last_hidden = shared, None  # restored one short of it, the MTP pairs all inside
+        else:
+            points = [p for p in turn.captures if p <= shared and (not gen.use_mtp or p in gen.hidden_at)]
+            cut = max(points, default=0)
+            last_hidden = gen.hidden_at.get(cut)
+        if cut - held < SHARE_FROM:
+            return held
+        state = gen.state
+        trunk = snapshot.snapshot(state.trunk, upto=cut)
+        if cut in turn.captures:
+            trunk = snapshot.at_checkpoint(trunk, turn.captures[cut], cut)
+        mtp = None
+        if isinstance(state.mtp, KVCache) and state.mtp.offset >= cut - 1:
+            mtp = snapshot.snapshot([state.mtp], upto=cut - 1)[0]  # pairs of prompt tokens only
+        entry = Entry(tuple(gen.request.prompt[:cut]), turn.plan.identity, trunk,
+                      {p: a for p, a in turn.captures.items() if p < cut}, mtp,
+                      mx.array(last_hidden) if last_hidden is not None and mtp is not None else None,
+                      [a for a in turn.plan.anchors if a.position <= cut], turn.plan.session)
+        entry.origin = "shared_prompt"
+        self.bank.put(entry)
+        self.bank.notify("kept_partial", f"{entry.entry_id}: a running turn's shared prompt, its first {cut} tokens")
+        return cut
 
     def _keep_partial(self, turn: BankedTurn, gen, origin: str = "turn", cut: int | None = None, state=None,
                       last_hidden=None) -> None:

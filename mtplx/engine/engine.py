@@ -503,6 +503,7 @@ class Engine:
                              chunk_size=self.config.chunk_size, eos_ids=self.eos_ids, submitted_at=sub.submitted_at)
             seq = Sequence(sub, gen, None, self._cost(request))
             if self.bank:
+                self._share_running(request)
                 turn = seq.bank_turn = self.bank_executor.begin(request, gen.use_mtp)
                 start, checkpoints, hook = turn.start, turn.checkpoints, turn.capture
             else:
@@ -515,6 +516,27 @@ class Engine:
                 log.exception("request %s failed", request.request_id)
             return self._failed(sub, exc)
         self.scheduler.admit(seq)
+
+    def _share_running(self, request: GenerationRequest) -> None:
+        """A request admitted while a turn past its prefill shares a prompt head with it (a second
+        agent started while the first decodes): that turn's prompt is kept in the bank first, so
+        this request restores it instead of computing it again (bank_executor.share_running).
+        Turns still prefilling are shared with as they compute (_waits, _chunk_in)."""
+        if not self.share_prompts or self.runner.sharded or request.prompt_logprobs is not None:
+            return
+        from mtplx.engine.shared_prompt import wait_for
+
+        # past what the bank holds for it already: what that turn restored, or was kept of it before
+        shared, seq = max(((wait_for(request.prompt, s.gen.request.prompt, max(s.restored, s.shared_to)), s)
+                           for s in self.scheduler.sequences if s.decoding and s.bank_turn is not None),
+                          key=lambda pair: pair[0], default=(0, None))
+        if not shared:
+            return
+        try:
+            seq.shared_to = self.bank_executor.share_running(seq.bank_turn, seq.gen, shared,
+                                                             max(seq.restored, seq.shared_to))
+        except Exception:  # this request then computes the prompt itself; that turn goes on
+            log.exception("keeping %s's prompt to share failed", seq.request_id)
 
     def _chunk_in(self, seq) -> None:
         """A prefill chunk is in: where queued requests wait for this prompt's prefix up to here,

@@ -100,6 +100,11 @@ class Generation:
         # The prefill's state and last hidden after its latest chunk (what a request waiting to
         # share this prompt restores from: engine/shared_prompt.py); the caches go on being written.
         self.partial: tuple | None = None
+        # The trunk's hidden just before each checkpoint the prefill captured (MTP only): with the
+        # recurrent state there it makes that point a turn's end another request can restore, MTP
+        # pair included, while this one decodes (bank_executor.share_running). Copied out of the
+        # chunk's hiddens when the MTP head's prompt KV is computed, which computes them anyway.
+        self.hidden_at: dict[int, mx.array] = {}
         self.eager_mtp = request.source == "render_ahead"  # the MTP head's KV with each prefill chunk
         self.last: int | None = None  # generated, not yet fed to the trunk (AR decoding)
         self._t0 = 0.0  # when decoding began (perf_counter)
@@ -150,16 +155,19 @@ class Generation:
                 stops = [c - begin for c in checkpoints if begin < c < end] if on_checkpoint else []
                 cache_state.set_stops(state.trunk, stops)
                 try:
-                    last_hidden = self._chunk(prompt, begin, end, state, yield_to)
+                    hidden = self._chunk(prompt, begin, end, state, yield_to)
                     break
                 except preemption.SteppedAside:
                     yield None
+            last_hidden = hidden[:, -1:, :]
             state.tokens.extend(prompt[begin:end])
             state.length = end
             for stop, recurrent in cache_state.take_stopped(state.trunk, stops).items():
                 on_checkpoint(begin + stop, recurrent)
+                self._hidden_before(begin + stop, hidden[:, stop - 1 : stop, :])
             if on_checkpoint and end in checkpoints:
                 on_checkpoint(end, snapshot.checkpoint_arrays(state.trunk))
+                self._hidden_before(end, last_hidden)
             self.partial = (state, last_hidden)
             yield PrefillProgress(self.request.request_id, end - cached, len(prompt) - cached)
         self.stats.prefill_s = time.perf_counter() - t0
@@ -168,8 +176,13 @@ class Generation:
         if self.request.prefill_only:  # no first token: the state ends where the prompt does
             self.finish_reason, self.prefill_cut = "length", state.length
 
+    def _hidden_before(self, position: int, hidden: mx.array) -> None:
+        if self.use_mtp:
+            self.hidden_at[position] = mx.array(hidden)  # a copy: the chunk's hiddens are not kept
+
     def _chunk(self, prompt: list[int], begin: int, end: int, state: TurnState, yield_to) -> mx.array:
-        """One prefill chunk; stepped aside from (preemption.SteppedAside), its caches are as before it."""
+        """One prefill chunk (its hiddens, lazy past the last position); stepped aside from
+        (preemption.SteppedAside), its caches are as before it."""
         threads = self.runner.small_forwards() if end - begin <= ONE_THREAD_UP_TO else contextlib.nullcontext()
         background = preemption.preemptible(yield_to) if yield_to is not None else contextlib.nullcontext()
         marked = preemption.marks(state.trunk) if yield_to is not None else None
@@ -211,7 +224,7 @@ class Generation:
         eager = [state.mtp.state] if self.eager_mtp and state.mtp is not None and state.mtp.offset else []
         mx.eval([c.state for c in state.trunk if c is not None] + eager
                 + ([hidden[:, -1:, :]] if end == len(prompt) else []))
-        return hidden[:, -1:, :]
+        return hidden
 
     # -- decode -----------------------------------------------------------------------------
     def _emit(self, tokens: list[int]) -> Iterator:
@@ -274,7 +287,7 @@ class Generation:
         if lazy_head and self.finish_reason is None:
             # Computed now, timed on its own, so decode speed means decoding.
             t = time.perf_counter()
-            mx.eval(self.state.mtp.state)
+            mx.eval(self.state.mtp.state, list(self.hidden_at.values()))
             self.stats.mtp_prefill_s = time.perf_counter() - t
             self._t0 += self.stats.mtp_prefill_s
         if self.use_mtp:

@@ -36,8 +36,10 @@ class LayerSnapshot:
         return sum(a.nbytes for a in self.arrays if a is not None)
 
 
-def snapshot(cache: list) -> list[LayerSnapshot]:
-    """An independent copy of every layer's state (evaluated, so later writes cannot leak in)."""
+def snapshot(cache: list, upto: int | None = None) -> list[LayerSnapshot]:
+    """An independent copy of every layer's state (evaluated, so later writes cannot leak in).
+    `upto`: full-attention layers copy only their first `upto` tokens (a prefix of a cache that
+    goes on; its other layers' state at that point comes from a checkpoint: at_checkpoint)."""
     out = []
     for layer in flat(cache):
         if isinstance(layer, CacheList):
@@ -46,7 +48,7 @@ def snapshot(cache: list) -> list[LayerSnapshot]:
             if layer.keys is None:
                 out.append(LayerSnapshot("kv", (None, None), 0))
             else:
-                n = layer.offset
+                n = layer.offset if upto is None else min(layer.offset, upto)
                 out.append(LayerSnapshot("kv", (mx.array(layer.keys[..., :n, :]), mx.array(layer.values[..., :n, :])), n))
         elif isinstance(layer, ArraysCache):
             out.append(LayerSnapshot("arrays", tuple(layer.cache)))
