@@ -70,11 +70,19 @@ def restore(entry: Entry, position: int) -> TurnState:
 
 
 def entry_from_state(state: TurnState, plan: TurnPlan, checkpoints: dict[int, list], anchors: list[Anchor],
-                     last_hidden) -> Entry:
-    """An independent copy of a turn's caches (they go on being written by the next request)."""
-    mtp = snapshot.snapshot([state.mtp])[0] if isinstance(state.mtp, KVCache) else None
-    kept = {p: a for p, a in checkpoints.items() if p < state.length}
-    return Entry(tuple(state.tokens[: state.length]), plan.identity, snapshot.snapshot(state.trunk), kept, mtp,
+                     last_hidden, cut: int | None = None) -> Entry:
+    """An independent copy of a turn's caches (they go on being written by the next request).
+    `cut`: a prompt prefix only, its first `cut` tokens (the state is a turn's that goes on or
+    stopped there): recurrent layers take the checkpoint at `cut` where the caches went past it,
+    and the MTP head keeps the pairs before it (`last_hidden`, the hidden at cut - 1, completes
+    the next on restore)."""
+    end = state.length if cut is None else cut
+    trunk = snapshot.snapshot(state.trunk, upto=end)
+    if end < state.length and end in checkpoints:
+        trunk = snapshot.at_checkpoint(trunk, checkpoints[end], end)
+    mtp = snapshot.snapshot([state.mtp], upto=None if cut is None else cut - 1)[0] if isinstance(state.mtp, KVCache) else None
+    kept = {p: a for p, a in checkpoints.items() if p < end}
+    return Entry(tuple(state.tokens[:end]), plan.identity, trunk, kept, mtp,
                  mx.array(last_hidden) if last_hidden is not None else None, anchors, plan.session)
 
 
@@ -210,17 +218,8 @@ class BankExecutor:
             last_hidden = gen.hidden_at.get(cut)
         if cut - held < SHARE_FROM:
             return held
-        state = gen.state
-        trunk = snapshot.snapshot(state.trunk, upto=cut)
-        if cut in turn.captures:
-            trunk = snapshot.at_checkpoint(trunk, turn.captures[cut], cut)
-        mtp = None
-        if isinstance(state.mtp, KVCache) and state.mtp.offset >= cut - 1:
-            mtp = snapshot.snapshot([state.mtp], upto=cut - 1)[0]  # pairs of prompt tokens only
-        entry = Entry(tuple(gen.request.prompt[:cut]), turn.plan.identity, trunk,
-                      {p: a for p, a in turn.captures.items() if p < cut}, mtp,
-                      mx.array(last_hidden) if last_hidden is not None and mtp is not None else None,
-                      [a for a in turn.plan.anchors if a.position <= cut], turn.plan.session)
+        entry = entry_from_state(gen.state, turn.plan, turn.captures, [a for a in turn.plan.anchors if a.position <= cut],
+                                 last_hidden, cut)
         entry.origin = "shared_prompt"
         self.bank.put(entry)
         self.bank.notify("kept_partial", f"{entry.entry_id}: a running turn's shared prompt, its first {cut} tokens")
@@ -235,10 +234,9 @@ class BankExecutor:
         `last_hidden`: a prefix still being extended (default: where the prefill stopped)."""
         cut = gen.prefill_cut if cut is None else cut
         anchors = [a for a in turn.plan.anchors if a.position <= cut]
+        # (the last chunk's pairs reached the prompt token at `cut`: the head keeps those before it)
         entry = entry_from_state(state or gen.state, turn.plan, turn.captures, anchors,
-                                 gen.last_hidden if last_hidden is None else last_hidden)
-        if entry.mtp is not None:  # the last chunk's pairs reached the prompt token at `cut`
-            entry.mtp = snapshot.truncate_kv([entry.mtp], cut - 1)[0]
+                                 gen.last_hidden if last_hidden is None else last_hidden, cut)
         entry.origin = origin
         self.bank.put(entry)
         what = ("a preempted render-ahead" if origin == "render_ahead" else "a shared prompt" if origin == "shared_prompt"
