@@ -168,3 +168,42 @@ def test_a_turn_arriving_while_another_decodes_restores_its_head(name, dense_eng
         assert firsts[0].token_ids == cold_engine.submit(long(cold_engine, f"cold-first-{name}")).result().token_ids
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
+def test_a_turn_arriving_while_another_prefills_past_the_head_does_not_wait(name, dense_engine, hybrid_engine):
+    """A turn arriving once a long prefill over the same head has passed that head is admitted at
+    once: it restores the head from the prefill so far (kept when it is admitted, not at the next
+    chunk's end), and its first token comes before the long one's; both answer as cold."""
+    cold_engine = dense_engine if name == "tiny-dense" else hybrid_engine
+    fresh = Engine(resolve(name), EngineConfig(chunk_size=64), name=name, bank=BankConfig()).start()
+    try:
+        _prefilling_leader_then_follower(fresh, cold_engine)
+    finally:
+        fresh.stop()
+
+
+def _prefilling_leader_then_follower(fresh, cold_engine):
+    leader, follower = turn(fresh, LOG, "long"), turn(fresh, "Task: read file_1.py.", "short")
+    shared = common_prefix(leader.prompt, follower.prompt)
+    progress, order, kept = [], [], []
+    fresh.listeners.append(lambda e: kept.append(e.detail) if type(e).__name__ == "BankDecision"
+                           and e.action == "kept_partial" else None)
+    fresh.listeners.append(lambda e: progress.append(e.done) if type(e).__name__ == "PrefillProgress"
+                           and e.request_id == leader.request_id else None)
+    fresh.listeners.append(lambda e: order.append((type(e).__name__, e.request_id))
+                           if type(e).__name__ in ("Restored", "PrefillProgress", "FirstToken") else None)
+    first = fresh.submit(leader)
+    deadline = time.monotonic() + 60
+    while not (progress and progress[-1] >= shared) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    assert progress[-1] < len(leader.prompt) - 64, "the leader's prefill ended before the test could send"
+    second = fresh.submit(follower)
+    fins = [first.result(), second.result()]
+    assert fins[1].cached_tokens >= shared - 16
+    # kept from the prefill so far when it was admitted, not by the leader's next chunk for it
+    assert any("running turn" in detail for detail in kept)
+    assert order.index(("FirstToken", follower.request_id)) < order.index(("FirstToken", leader.request_id))
+    cold = [cold_engine.submit(turn(cold_engine, text, f"cold-prefilling-{name}")).result()
+            for name, text in (("long", LOG), ("short", "Task: read file_1.py."))]
+    assert [f.token_ids for f in fins] == [c.token_ids for c in cold]

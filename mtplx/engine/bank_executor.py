@@ -200,14 +200,15 @@ class BankExecutor:
         return state.length
 
     def share_running(self, turn: BankedTurn, gen, shared: int, held: int) -> int:
-        """A turn past its prefill (decoding, alone or in a batch) shares its first `shared` prompt
-        tokens with a request arriving now: keep its prompt up to the last point at or before
-        `shared` where its exact state is at hand, so that request restores it instead of
-        computing it again (engine/shared_prompt.py). `held`: what the bank holds of it already
-        (what it restored, or was kept of it before). Returns the point kept, else `held`.
+        """A running turn that has computed its first `shared` prompt tokens (decoding, alone or
+        in a batch, or prefilling past them) shares them with a request arriving now: keep its
+        prompt up to the last point at or before `shared` where its exact state is at hand, so
+        that request restores it instead of computing it again (engine/shared_prompt.py).
+        `held`: what the bank holds of it already (what it restored, or was kept of it before).
+        Returns the point kept, else `held`.
 
-        Its prompt's attention KV is never written again (decoding appends after it; a batch
-        writes its own merged copy), so any prefix of it is exact. Recurrent and sliding-window
+        Its prompt's attention KV is never written again (the prefill and decoding append after
+        it; a batch writes its own merged copy), so any prefix of it is exact. Recurrent and sliding-window
         state exists only where the prefill captured it, with the hidden that completes the MTP
         pair there (Generation.hidden_at)."""
         if not self.bank.recurrent:
@@ -218,9 +219,12 @@ class BankExecutor:
             last_hidden = gen.hidden_at.get(cut)
         if cut - held < SHARE_FROM:
             return held
-        entry = entry_from_state(gen.state, turn.plan, turn.captures, [a for a in turn.plan.anchors if a.position <= cut],
+        state = gen.state if gen.state is not None else gen.partial[0]  # decoding, or prefilling past `shared`
+        entry = entry_from_state(state, turn.plan, turn.captures, [a for a in turn.plan.anchors if a.position <= cut],
                                  last_hidden, cut)
         entry.origin = "shared_prompt"
+        if entry.last_hidden is not None:  # (a prefill's is still lazy: computed now, not at the restore)
+            mx.eval(entry.last_hidden)
         self.bank.put(entry)
         self.bank.notify("kept_partial", f"{entry.entry_id}: a running turn's shared prompt, its first {cut} tokens")
         return cut

@@ -283,7 +283,8 @@ class Engine:
     def _waits(self, sub) -> bool:
         """Whether a queued request waits for a prefilling one to pass the prompt they share
         (shared_prompt.py); that one is told how far (its `share_wanted`), and keeps the prefix
-        in the bank when its prefill gets there (_chunk_in)."""
+        in the bank when its prefill gets there (_chunk_in). One already past it does not make
+        it wait: its prompt so far is kept when the request is admitted (_share_running)."""
         # Not on sharded ranks: only rank 0 decides admissions, and a bank entry made on rank 0
         # alone would plan a restore the other ranks cannot follow. A scored prompt restores nothing.
         if not self.share_prompts or self.bank is None or self.scheduler is None or not isinstance(sub, Submission) \
@@ -298,7 +299,7 @@ class Engine:
                 self._sharing[key] = 0 if seq.cancelled() else wait_for(sub.request.prompt, seq.gen.request.prompt,
                                                                          seq.restored)
             wanted = self._sharing[key]
-            if wanted > seq.shared_to:
+            if wanted > seq.shared_to and seq.restored + seq.prefilled < wanted:
                 seq.share_wanted = tuple(sorted({*seq.share_wanted, wanted}))
                 return True
         return False
@@ -518,17 +519,19 @@ class Engine:
         self.scheduler.admit(seq)
 
     def _share_running(self, request: GenerationRequest) -> None:
-        """A request admitted while a turn past its prefill shares a prompt head with it (a second
-        agent started while the first decodes): that turn's prompt is kept in the bank first, so
-        this request restores it instead of computing it again (bank_executor.share_running).
-        Turns still prefilling are shared with as they compute (_waits, _chunk_in)."""
+        """A request admitted while a running turn has computed a prompt head they share (a
+        second agent started while the first decodes, or while its prefill is past that head):
+        that turn's prompt is kept in the bank first, so this request restores it instead of
+        computing it again (bank_executor.share_running). A turn not yet past the shared head is
+        waited for instead (_waits, _chunk_in)."""
         if not self.share_prompts or self.runner.sharded or request.prompt_logprobs is not None:
             return
         from mtplx.engine.shared_prompt import wait_for
 
         # past what the bank holds for it already: what that turn restored, or was kept of it before
-        shared, seq = max(((wait_for(request.prompt, s.gen.request.prompt, max(s.restored, s.shared_to)), s)
-                           for s in self.scheduler.sequences if s.decoding and s.bank_turn is not None),
+        shares = ((wait_for(request.prompt, s.gen.request.prompt, max(s.restored, s.shared_to)), s)
+                  for s in self.scheduler.sequences if s.bank_turn is not None)
+        shared, seq = max(((n, s) for n, s in shares if s.decoding or s.restored + s.prefilled >= n),
                           key=lambda pair: pair[0], default=(0, None))
         if not shared:
             return
