@@ -8,7 +8,10 @@ that much. Instead, a queued request whose prompt shares at least SHARE_FROM tok
 that request restored from the bank) with a request still prefilling waits until that prefill has
 passed the shared part (it would have computed that much itself); the engine then keeps the
 prefix in the bank at that chunk's end (bank_executor.share_prompt), and the waiting request
-restores it at its last anchor inside the shared part and prefills only its own rest.
+restores it at its last anchor inside the shared part and prefills only its own rest. A request
+arriving when the other has already computed the shared part (its prefill is past it, or it
+decodes) waits for nothing: that turn's prompt is kept as it is admitted
+(bank_executor.share_running).
 
 Pure functions over token lists (no MLX); the engine holds the queue and the sequences.
 """
