@@ -190,15 +190,6 @@ class BankExecutor:
         record = TurnRecord(entry, gen.request.chat, reply, sent_back=ended_by_eos or gen.finish_reason == "length")
         self._queue_first([RenderJob(tokens, gen.use_mtp, turn.plan.session) for tokens in self.bank.commit(record)])
 
-    def share_prompt(self, turn: BankedTurn, gen) -> int:
-        """A prefilling turn's prompt so far (its latest chunk), kept for requests that wait to
-        share it (several agents started at once with one new system prompt and tools): they
-        restore it instead of each prefilling it beside this one. The turn goes on; its own commit
-        comes at its end. Returns where the kept prefix ends."""
-        state, last_hidden = gen.partial
-        self._keep_partial(turn, gen, "shared_prompt", state.length, state, last_hidden)
-        return state.length
-
     def share_running(self, turn: BankedTurn, gen, shared: int, held: int) -> int:
         """A running turn that has computed its first `shared` prompt tokens (decoding, alone or
         in a batch, or prefilling past them) shares them with a request arriving now: keep its
@@ -229,22 +220,19 @@ class BankExecutor:
         self.bank.notify("kept_partial", f"{entry.entry_id}: a running turn's shared prompt, its first {cut} tokens")
         return cut
 
-    def _keep_partial(self, turn: BankedTurn, gen, origin: str = "turn", cut: int | None = None, state=None,
-                      last_hidden=None) -> None:
+    def _keep_partial(self, turn: BankedTurn, gen, origin: str = "turn") -> None:
         """A prefill cancelled between chunks: keep the prompt prefix it computed, so a client that
         gave up and resends (Claude Code after 300 s) restores it instead of starting over, while
         the engine was freed at once. Stored like a turn's end: the MTP head's pairs stop one short
-        of the cut and the hidden state there completes the next pair on restore. `cut`, `state`,
-        `last_hidden`: a prefix still being extended (default: where the prefill stopped)."""
-        cut = gen.prefill_cut if cut is None else cut
+        of the cut (the last chunk's reached the prompt token there) and the hidden state there
+        completes the next pair on restore."""
+        cut = gen.prefill_cut
         anchors = [a for a in turn.plan.anchors if a.position <= cut]
-        # (the last chunk's pairs reached the prompt token at `cut`: the head keeps those before it)
-        entry = entry_from_state(state or gen.state, turn.plan, turn.captures, anchors,
-                                 gen.last_hidden if last_hidden is None else last_hidden, cut)
+        entry = entry_from_state(gen.state, turn.plan, turn.captures, anchors, gen.last_hidden, cut)
         entry.origin = origin
         self.bank.put(entry)
-        what = ("a preempted render-ahead" if origin == "render_ahead" else "a shared prompt" if origin == "shared_prompt"
-                else "a prewarmed prompt" if gen.request.prefill_only else "a cancelled prefill")
+        what = ("a preempted render-ahead" if origin == "render_ahead" else "a prewarmed prompt" if gen.request.prefill_only
+                else "a cancelled prefill")
         self.bank.notify("kept_partial", f"{entry.entry_id}: {what}'s first {cut} tokens")
 
     @staticmethod

@@ -7,9 +7,9 @@ admitted requests run together under the scheduler (scheduler.py: prefill chunks
 one batched decode step for every running sequence). Every event is also handed to the engine's
 listeners (receipt writer, metrics, TUI), which must return quickly.
 
-The bank is consulted in three places only: `_begin` (plan: where the request starts), `_finish`
-(commit: what the turn computed) and `_chunk_in` (a prompt prefix queued requests wait to share,
-shared_prompt.py).
+The bank is consulted in two places only: `_begin` (plan: where the request starts, after
+keeping a running turn's prompt the request shares: `_share_running`, shared_prompt.py) and
+`_finish` (commit: what the turn computed).
 """
 
 from __future__ import annotations
@@ -282,9 +282,8 @@ class Engine:
 
     def _waits(self, sub) -> bool:
         """Whether a queued request waits for a prefilling one to pass the prompt they share
-        (shared_prompt.py); that one is told how far (its `share_wanted`), and keeps the prefix
-        in the bank when its prefill gets there (_chunk_in). One already past it does not make
-        it wait: its prompt so far is kept when the request is admitted (_share_running)."""
+        (shared_prompt.py): once it has, the request is admitted and that prompt so far is kept
+        for it (_share_running)."""
         # Not on sharded ranks: only rank 0 decides admissions, and a bank entry made on rank 0
         # alone would plan a restore the other ranks cannot follow. A scored prompt restores nothing.
         if not self.share_prompts or self.bank is None or self.scheduler is None or not isinstance(sub, Submission) \
@@ -300,7 +299,6 @@ class Engine:
                                                                          seq.restored)
             wanted = self._sharing[key]
             if wanted > seq.shared_to and seq.restored + seq.prefilled < wanted:
-                seq.share_wanted = tuple(sorted({*seq.share_wanted, wanted}))
                 return True
         return False
 
@@ -433,7 +431,7 @@ class Engine:
         self._kv_per_token = kv_bytes_per_token(self.model_config, itemsize, self.has_mtp)
         budget = self.config.memory_budget or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
         self.scheduler = Scheduler(self.runner, self.config.chunk_size, self.config.max_batch, budget,
-                                   lambda seq, event: self._publish(seq.sub, event), self._finish, self._chunk_in)
+                                   lambda seq, event: self._publish(seq.sub, event), self._finish)
 
     def _step(self, work) -> None:
         """One unit of work. An exception fails at most the requests of that step or that background job."""
@@ -523,7 +521,7 @@ class Engine:
         second agent started while the first decodes, or while its prefill is past that head):
         that turn's prompt is kept in the bank first, so this request restores it instead of
         computing it again (bank_executor.share_running). A turn not yet past the shared head is
-        waited for instead (_waits, _chunk_in)."""
+        waited for (_waits)."""
         if not self.share_prompts or self.runner.sharded or request.prompt_logprobs is not None:
             return
         from mtplx.engine.shared_prompt import wait_for
@@ -540,20 +538,6 @@ class Engine:
                                                              max(seq.restored, seq.shared_to))
         except Exception:  # this request then computes the prompt itself; that turn goes on
             log.exception("keeping %s's prompt to share failed", seq.request_id)
-
-    def _chunk_in(self, seq) -> None:
-        """A prefill chunk is in: where queued requests wait for this prompt's prefix up to here,
-        the bank keeps it now (bank_executor.share_prompt)."""
-        done = seq.restored + seq.prefilled
-        if not seq.share_wanted or self.bank is None or seq.bank_turn is None \
-                or not any(seq.shared_to < n <= done for n in seq.share_wanted):
-            return
-        try:
-            seq.shared_to = self.bank_executor.share_prompt(seq.bank_turn, seq.gen)
-        except Exception:  # the waiting requests then prefill it themselves; this turn goes on
-            log.exception("keeping %s's prompt to share failed", seq.request_id)
-            seq.shared_to = len(seq.gen.request.prompt)  # release them
-        seq.share_wanted = tuple(n for n in seq.share_wanted if n > seq.shared_to)
 
     def _failed(self, sub: Submission, error: Exception) -> None:
         request_id = sub.request.request_id

@@ -44,8 +44,7 @@ class Sequence:
     todo: int | None = None  # prompt tokens left to compute (set at admission from the restore, then per chunk)
     decoding: bool = False
     restored: int = 0  # prompt tokens its start state held (from the bank)
-    share_wanted: tuple[int, ...] = ()  # prefix lengths queued requests wait for (engine._waits)
-    shared_to: int = 0  # where the prefix last kept for them ends
+    shared_to: int = 0  # where its prompt prefix last kept for other requests ends (engine._share_running)
 
     @property
     def request_id(self) -> str:
@@ -67,14 +66,13 @@ def kv_bytes_per_token(model_config: dict, itemsize: int, with_mtp: bool) -> int
 
 class Scheduler:
     def __init__(self, runner, chunk_size: int, max_batch: int, memory_budget: int,
-                 publish: Callable, finish: Callable, chunk_in: Callable | None = None):
+                 publish: Callable, finish: Callable):
         """`publish(seq, event)` hands an event out; `finish(seq, error)` ends a sequence: with
         error None its final events and the bank's commit (its caches are its own again by then),
-        else its Failed event. `chunk_in(seq)`: a prefill chunk of the sequence is computed (its
-        caches hold the prompt up to there)."""
+        else its Failed event."""
         self.runner, self.chunk_size = runner, chunk_size
         self.max_batch, self.memory_budget = max_batch, memory_budget
-        self.publish, self.finish, self.chunk_in = publish, finish, chunk_in
+        self.publish, self.finish = publish, finish
         self.prefilling: deque[Sequence] = deque()
         self.groups: dict[object, list[Sequence]] = {}  # decode groups by batch key
         self.batches: dict[object, DecodeBatch] = {}  # the merged ones (two rows or more)
@@ -165,8 +163,6 @@ class Scheduler:
                 if isinstance(event, PrefillProgress):
                     spent += event.done - seq.prefilled
                     seq.prefilled, seq.todo = event.done, event.total - event.done
-                    if self.chunk_in is not None:
-                        self.chunk_in(seq)
             if seq.prefill is not None:
                 self.prefilling.append(seq)  # more chunks: back of the line
                 return spent

@@ -6,12 +6,11 @@ only once it is computed, so each of them planned its restore before any had com
 and all prefilled the same head side by side: n times the work, and each first token late by
 that much. Instead, a queued request whose prompt shares at least SHARE_FROM tokens (beyond what
 that request restored from the bank) with a request still prefilling waits until that prefill has
-passed the shared part (it would have computed that much itself); the engine then keeps the
-prefix in the bank at that chunk's end (bank_executor.share_prompt), and the waiting request
-restores it at its last anchor inside the shared part and prefills only its own rest. A request
-arriving when the other has already computed the shared part (its prefill is past it, or it
-decodes) waits for nothing: that turn's prompt is kept as it is admitted
-(bank_executor.share_running).
+passed the shared part (it would have computed that much itself). Once the other turn has
+computed the shared part (its prefill is past it, or it decodes), the request is admitted: the
+engine first keeps that turn's prompt up to there in the bank (bank_executor.share_running), and
+the request restores it at its last restorable point inside the shared part and prefills only
+its own rest.
 
 Pure functions over token lists (no MLX); the engine holds the queue and the sequences.
 """
