@@ -39,6 +39,10 @@ class Restored:
     # What render-ahead had prepared of this prompt's rendering when it arrived: "complete",
     # "partial: N of M tokens", "queued: not started (M tokens)", or None (no render-ahead for it).
     render_ahead: str | None = None
+    # What made that entry (Entry.origin): "turn", "render_ahead" or "shared_prompt" (another
+    # turn's prompt kept while it ran: engine/shared_prompt.py). Kept here because the entry
+    # itself may be gone by the time someone asks why this turn started fast (superseded).
+    entry_origin: str | None = None
 
 
 @dataclass(frozen=True)

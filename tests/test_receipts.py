@@ -20,7 +20,8 @@ def test_fresh_database_gets_every_migration(tmp_path):
     names = [r["name"] for r in store.db["_migrations"].rows]
     assert names == [name for name, _ in MIGRATIONS]
     assert store.db.journal_mode == "wal"
-    assert store.add(row(replay_run="run1", turn_index=0, reasoning_tokens=3, predicted_drafted=32, predicted_accepted=30))
+    assert store.add(row(replay_run="run1", turn_index=0, reasoning_tokens=3, predicted_drafted=32, predicted_accepted=30,
+                         entry_origin="shared_prompt"))
 
 
 def test_old_database_is_migrated_and_keeps_its_rows(tmp_path):

@@ -16,6 +16,8 @@ from mtplx.chat import chat_request
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.engine.sampling import SamplingParams
 from mtplx.engine.shared_prompt import SHARE_FROM, common_prefix, wait_for
+from mtplx.receipts.store import ReceiptStore
+from mtplx.receipts.writer import ReceiptWriter
 
 
 SYSTEM = "You are a subagent. " + " ".join(f"Rule {i}: never skip the tests of module {i}." for i in range(60))
@@ -137,7 +139,7 @@ def test_a_waiting_turn_whose_client_leaves_ends_at_once(fresh):
 
 
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-hybrid"])
-def test_a_turn_arriving_while_another_decodes_restores_its_head(name, dense_engine, hybrid_engine):
+def test_a_turn_arriving_while_another_decodes_restores_its_head(name, dense_engine, hybrid_engine, tmp_path):
     """A second agent starts while the first one's turn decodes, in a batch with a third over
     another prompt: the new turn restores the shared head from the running turn (the bank holds
     nothing yet: that turn has not ended) and every turn answers as a cold engine."""
@@ -149,9 +151,12 @@ def test_a_turn_arriving_while_another_decodes_restores_its_head(name, dense_eng
             return dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, ignore_eos=True))
 
         other = "You are a reviewer. " + "Say what changed and why. " * 40
-        order = []
+        order, restored = [], {}
         engine.listeners.append(lambda e: order.append((type(e).__name__, e.request_id))
                                 if type(e).__name__ in ("FirstToken", "Restored", "Finished") else None)
+        engine.listeners.append(lambda e: restored.setdefault(e.request_id, e) if type(e).__name__ == "Restored" else None)
+        receipts = ReceiptStore(tmp_path / "receipts.db")
+        engine.listeners.append(ReceiptWriter(receipts, name, engine.checkpoint.identity))
         leaders = [long(engine, "first"), long(engine, "other", other)]
         running = [engine.submit(r) for r in leaders]
         deadline = time.monotonic() + 60
@@ -164,6 +169,11 @@ def test_a_turn_arriving_while_another_decodes_restores_its_head(name, dense_eng
         assert shared >= SHARE_FROM + 64
         assert fin.cached_tokens >= shared - 16, fin.cached_tokens
         assert order.index(("Restored", late.request_id)) < order.index(("Finished", leaders[0].request_id))
+        # the turn and its receipt say where its head came from, though that entry is gone by now
+        assert restored[late.request_id].entry_origin == "shared_prompt"
+        assert not any(e.origin == "shared_prompt" for e in engine.call(lambda: list(engine.bank.entries.values())))
+        (row,) = receipts.rows("request_id = ?", (late.request_id,))
+        assert row["entry_origin"] == "shared_prompt"
         assert fin.token_ids == cold_engine.submit(turn(cold_engine, "Task 9: read file_9.py.", f"cold-late-{name}", 12)).result().token_ids
         assert firsts[0].token_ids == cold_engine.submit(long(cold_engine, f"cold-first-{name}")).result().token_ids
     finally:

@@ -802,3 +802,8 @@ def test_entries_say_what_made_them():
     assert origin_of({**entry, "origin": "render_ahead"}) == "render-ahead"
     assert origin_of({**entry, "origin": "turn"}) == origin_of({k: v for k, v in entry.items() if k != "origin"}) == "a turn"
     assert anchor_map({**entry, "origin": "turn"}, 40, 300).plain.split("\n")[-1].startswith("e_1 sub-1: restored")
+    # a receipt keeps what made the entry it restored from, after that entry is gone (superseded)
+    from tui.screens.turn import numbers
+
+    assert "(entry e_1, a shared prompt)" in numbers({"restore_source": "ram", "entry_id": "e_1", "entry_origin": "shared_prompt"})
+    assert "(entry e_1)" in numbers({"restore_source": "ram", "entry_id": "e_1"})

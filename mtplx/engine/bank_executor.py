@@ -167,7 +167,8 @@ class BankExecutor:
             self.bank.notify("restored", f"{state.length} tokens from {entry_id} at "
                                          f"{plan.restore.anchor or 'a cut'} (plan {plan.plan_ms:.2f} ms)")
         start = StartPoint(state, source, plan.restore.anchor, plan.ceiling, cause,
-                           entry_id if state is not None else None, prepared)
+                           entry_id if state is not None else None, prepared,
+                           entry.origin if state is not None else None)
         return BankedTurn(plan, start)
 
     def commit(self, turn: BankedTurn, gen, finished) -> None:

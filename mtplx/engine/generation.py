@@ -134,7 +134,7 @@ class Generation:
         cached = state.length
         self.stats.cached_tokens = cached
         yield Restored(self.request.request_id, len(prompt), cached, start.source, start.anchor, start.ceiling, start.shortfall,
-                       entry_id=start.entry_id, render_ahead=start.render_ahead)
+                       entry_id=start.entry_id, render_ahead=start.render_ahead, entry_origin=start.entry_origin)
         if cached >= len(prompt):  # nothing to compute: back off one token so there is a last hidden
             raise ValueError(f"start state holds {cached} tokens, more than the {len(prompt) - 1} a restore may cover")
         t0 = time.perf_counter()

@@ -71,6 +71,13 @@ def _add_prediction(db: sqlite_utils.Database) -> None:
             db["receipts"].add_column(column, int)
 
 
+def _add_entry_origin(db: sqlite_utils.Database) -> None:
+    # what made the bank entry restored from: its own turn, render-ahead, or a prompt shared with
+    # a turn running beside it (the entry may be gone when the receipt is read)
+    if "entry_origin" not in db["receipts"].columns_dict:
+        db["receipts"].add_column("entry_origin", str)
+
+
 # Append-only: never edit or reorder; add a new named step instead.
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("001_create_receipts", _create),
@@ -79,6 +86,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("004_request_and_entry", _add_request_and_entry),
     ("005_render_ahead", _add_render_ahead),
     ("006_prediction", _add_prediction),
+    ("007_entry_origin", _add_entry_origin),
 ]
 
 

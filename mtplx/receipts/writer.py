@@ -117,7 +117,7 @@ class ReceiptWriter:
         if isinstance(event, Restored):
             row.update(ceiling=event.ceiling, cached_tokens=event.cached_tokens, restore_source=event.source,
                        anchor=event.anchor, shortfall=event.shortfall, entry_id=event.entry_id,
-                       render_ahead=event.render_ahead)
+                       render_ahead=event.render_ahead, entry_origin=event.entry_origin)
         elif isinstance(event, FirstToken):
             row["ttft_first_token_s"] = event.ttft_s
         elif isinstance(event, Tokens):  # the engine split the reply: the first content piece is visible

@@ -30,6 +30,7 @@ class StartPoint:
     shortfall: str | None = None
     entry_id: str | None = None  # the bank entry restored from
     render_ahead: str | None = None  # what idle-time preparation had done for this prompt (bank_executor)
+    entry_origin: str | None = None  # what made the entry restored from (Entry.origin)
 
     @property
     def cached(self) -> int:

@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from tui.widgets.anchor_map import AnchorMap
-from tui.widgets.bank import origin_of
+from tui.widgets.bank import made_by, origin_of
 
 RAW_SHOWN = 20_000  # characters of the raw request drawn (the receipt keeps more)
 
@@ -42,7 +42,8 @@ def numbers(receipt: dict) -> str:
             f" (first visible)  prefill {_f(r.get('prefill_tps'), '.1f')} tok/s  decode {_f(r.get('decode_tps'), '.1f')}"
             f" tok/s\nmode {r.get('mode') or '-'} depth {_f(r.get('depth'))}  tau {_f(r.get('tau'), '.2f')}  "
             f"acceptance {by_depth or '-'}\n"
-            f"from {r.get('restore_source') or '-'} at {r.get('anchor') or '-'} (entry {r.get('entry_id') or '-'})"
+            f"from {r.get('restore_source') or '-'} at {r.get('anchor') or '-'} (entry {r.get('entry_id') or '-'}"
+            f"{', ' + made_by(r['entry_origin']) if r.get('entry_origin') else ''})"
             f"  finish {r.get('finish_reason') or '-'}  completion {_f(r.get('completion_tokens'))} tokens\n"
             f"shortfall: {r.get('shortfall') or 'none'}")
 
@@ -53,7 +54,8 @@ def from_record(record) -> dict:
     return {"request_id": record.request_id, "session": record.session, "source": record.source,
             "prompt_tokens": f.prompt_tokens, "ceiling": r.ceiling if r else None, "cached_tokens": f.cached_tokens,
             "restore_source": r.source if r else None, "anchor": r.anchor if r else None,
-            "entry_id": r.entry_id if r else None, "shortfall": r.shortfall if r else None,
+            "entry_id": r.entry_id if r else None, "entry_origin": r.entry_origin if r else None,
+            "shortfall": r.shortfall if r else None,
             "ttft_first_token_s": s.ttft_s, "prefill_tps": s.prefill_tps,
             "decode_tps": s.decode_tps, "mode": s.mode, "depth": s.depth, "tau": s.tau,
             "drafted_by_depth": json.dumps(list(s.drafted_by_depth)),
@@ -100,7 +102,8 @@ class TurnScreen(Screen):
                 f"entry {e['id']} (from {kind}) · session {e.get('session') or '-'} · {e['tokens']} tokens · "
                 f"hits {e.get('hits')}\nanchors {[tuple(a) for a in e['anchors']]}\ncheckpoints {e['checkpoints']}"))
         else:
-            why = "cold: nothing restored" if not cached else f"entry {self.row.get('entry_id') or '?'} not in view"
+            made = f" (from {made_by(self.row['entry_origin'])})" if self.row.get("entry_origin") else ""
+            why = "cold: nothing restored" if not cached else f"entry {self.row.get('entry_id') or '?'}{made} not in view"
             self.query_one(AnchorMap).show(None, title=f"anchor map · {why}")
         if "id" in self.row:
             self.show_receipt(self.row)

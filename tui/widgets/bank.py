@@ -32,7 +32,12 @@ ORIGIN = {"render_ahead": ("ahead", "render-ahead"), "shared_prompt": ("share", 
 
 def origin_of(entry: dict) -> str:
     """The entry's origin in words ("a turn" unless it came from render-ahead or a shared prompt)."""
-    return ORIGIN.get(entry.get("origin"), (None, "a turn"))[1]
+    return made_by(entry.get("origin"))
+
+
+def made_by(origin: str | None) -> str:
+    """An entry origin (Entry.origin, a receipt's entry_origin) in words."""
+    return ORIGIN.get(origin, (None, "a turn"))[1]
 
 
 def short(name: str, width: int) -> str:
