@@ -10,6 +10,7 @@ import pytest
 
 import standins
 from mtplx.bank.anchors import prompt_anchors
+from mtplx.bank.bank import SessionBank
 from mtplx.bank.markers import Markers
 from mtplx.bank.spans import message_spans, reuse_ceiling
 from mtplx.chat import chat_request, render
@@ -102,6 +103,35 @@ def test_gemma_system_shares_the_first_user_turn(tokenizers):
     spans = message_spans(prompt, CHAT, Markers.from_tokenizer(tok))
     assert (spans[0].start, spans[0].end) == (spans[1].start, spans[1].end)
     assert tok.decode(prompt[spans[2].start: spans[2].start + 3]).startswith("<start_of_turn>model")
+
+
+def test_gemmas_head_ends_where_the_first_user_messages_text_begins(tokenizers):
+    """Gemma writes the system prompt into the first user turn: the head (bank/folded_head.py)
+    ends just before that message's own text, the same tokens for any user message, and only
+    where the request's tokens agree; a template with a system turn keeps its own head."""
+    from mtplx.bank.folded_head import FoldedHeads
+
+    tok = tokenizers["gemma3"]
+    system = {"role": "system", "content": "You are a careful agent. " * 20}
+    heads = FoldedHeads(tok)
+    found = []
+    for text in ("Read a.py", "\nStarts with a newline", "a"):
+        chat = {"messages": [system, {"role": "user", "content": text}], "tools": None}
+        prompt = render(tok, chat["messages"])
+        found.append(heads.head(chat, prompt))
+        assert tok.decode(prompt[found[-1]:]).startswith(text.strip())
+    assert found[0] == found[1] == found[2] and len(heads.known) == 1  # probed once
+    chat = {"messages": [system, {"role": "user", "content": "Read a.py"}], "tools": None}
+    other = render(tok, [{"role": "system", "content": "You are brief. " * 20}, chat["messages"][1]])
+    assert heads.head(chat, other) is None  # its tokens are not this system prompt's
+    assert heads.head({"messages": chat["messages"][1:], "tools": None}, render(tok, chat["messages"][1:])) is None
+    bank = SessionBank(tok, "x", recurrent=True)
+    anchors = bank.plan(render(tok, chat["messages"]), use_mtp=False, chat=chat).anchors
+    assert [a.position for a in anchors if a.kind == "head"] == [found[0]]
+    llama = tokenizers["llama3"]
+    prompt = render(llama, chat["messages"])
+    assert [a.position for a in SessionBank(llama, "x", recurrent=True).plan(prompt, use_mtp=False, chat=chat).anchors
+            if a.kind == "head"] == [a.position for a in prompt_anchors(prompt, Markers.from_tokenizer(llama)) if a.kind == "head"]
 
 
 def test_spans_on_integer_lists():

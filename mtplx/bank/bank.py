@@ -19,8 +19,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mtplx.bank.anchors import MESSAGE, Anchor, Markers, as_tokens, prompt_anchors
+from mtplx.bank.anchors import HEAD, MESSAGE, Anchor, Markers, as_tokens, prompt_anchors
 from mtplx.bank.entry import Entry
+from mtplx.bank.folded_head import FoldedHeads
 from mtplx.bank.plan import (RestorePlan, attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
                              thin_checkpoints)
 from mtplx.bank.spans import message_spans, reuse_ceiling, same_reply
@@ -125,6 +126,7 @@ class SessionBank:
         self.tokenizer, self.base_identity, self.recurrent = tokenizer, identity, recurrent
         self.config, self.ssd, self.notify = config, ssd, notify
         self.markers = Markers.from_tokenizer(tokenizer)
+        self.folded_heads = FoldedHeads(tokenizer)
         self.think_id = token_id(tokenizer, "<think>")
         self.entries: dict[str, Entry] = {}
         self.evicted: deque[tuple[int, ...]] = deque(maxlen=32)
@@ -179,6 +181,10 @@ class SessionBank:
         t0 = time.perf_counter()
         tokens = as_tokens(prompt)  # converted once; anchors and planner scan it in C
         anchors = prompt_anchors(tokens, self.markers, min_restore=self.config.min_restore, grid=self.config.grid)
+        if not any(a.kind == HEAD for a in anchors):  # a template that folds the system prompt into a user turn
+            head = self.folded_heads.head(chat, tokens)
+            if head is not None and head >= self.config.min_restore:
+                anchors = sorted([a for a in anchors if a.position != head] + [Anchor(head, HEAD)], key=lambda a: a.position)
         identity = self.identity(use_mtp)
         restore = plan_restore(tokens, anchors, self.views(), identity, need_mtp=use_mtp, recurrent=self.recurrent,
                                min_restore=self.config.min_restore)
