@@ -84,6 +84,18 @@ def test_the_next_turn_restores_past_the_window_and_equals_cold(model, tmp_path)
     assert again.source == "ssd" and again.cached_tokens == second.prompt_tokens - 1, again
 
 
+LONG_SYSTEM = {"role": "system", "content": "You are a careful agent in a repository. " * 40}  # ~6 windows
+
+
+def _cold_ids(model, messages) -> tuple:
+    """The greedy reply's ids on an engine without a bank."""
+    cold = Engine(model, EngineConfig(chunk_size=64)).start()
+    try:
+        return _run(cold, messages).token_ids
+    finally:
+        cold.stop()
+
+
 def test_a_turn_arriving_while_another_decodes_restores_past_the_window(model):
     """A turn over the same long system prompt, sent while another decodes: it restores that
     turn's prompt at the checkpoint the prefill took at the head (the sliding-window layers' live
@@ -92,8 +104,7 @@ def test_a_turn_arriving_while_another_decodes_restores_past_the_window(model):
     import dataclasses
     import time
 
-    system = {"role": "system", "content": "You are a careful agent in a repository. " * 40}
-    lead, late = ([system, {"role": "user", "content": text}] for text in
+    lead, late = ([LONG_SYSTEM, {"role": "user", "content": text}] for text in
                   ("Explain the layout of this repository, please. " * 4, "What is in docs?"))
 
     def request(engine, messages, session, tokens):
@@ -101,11 +112,7 @@ def test_a_turn_arriving_while_another_decodes_restores_past_the_window(model):
                          sampling=SamplingParams(max_tokens=tokens, temperature=0))
         return dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, ignore_eos=True)) if tokens > 12 else r
 
-    cold = Engine(model, EngineConfig(chunk_size=64)).start()
-    try:
-        expected = _run(cold, late).token_ids
-    finally:
-        cold.stop()
+    expected = _cold_ids(model, late)
     engine, first = Engine(model, EngineConfig(chunk_size=64), bank=BankConfig()).start(), []
     engine.listeners.append(lambda e: first.append(e) if type(e).__name__ == "FirstToken" else None)
     try:
@@ -126,13 +133,8 @@ def test_a_new_session_restores_the_head_though_the_template_has_no_system_turn(
     """A second session over the same system prompt restores it whole, at the head anchor: also
     on Gemma, whose template writes the system prompt into the first user turn (no turn marker
     ends it: bank/folded_head.py), where it restored nothing before. Equal to cold."""
-    system = {"role": "system", "content": "You are a careful agent in a repository. " * 40}
-    first, second = ([system, {"role": "user", "content": text}] for text in ("Explain the layout, please.", "What is in docs?"))
-    cold = Engine(model, EngineConfig(chunk_size=64)).start()
-    try:
-        expected = _run(cold, second).token_ids
-    finally:
-        cold.stop()
+    first, second = ([LONG_SYSTEM, {"role": "user", "content": text}] for text in ("Explain the layout, please.", "What is in docs?"))
+    expected = _cold_ids(model, second)
     engine, seen = Engine(model, EngineConfig(chunk_size=64), bank=BankConfig()).start(), []
     engine.listeners.append(lambda e: seen.append(e) if isinstance(e, Restored) else None)
     try:
