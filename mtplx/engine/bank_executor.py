@@ -211,7 +211,7 @@ class BankExecutor:
             last_hidden = gen.hidden_at.get(cut)
         if cut - held < SHARE_FROM:
             return held
-        state = gen.state if gen.state is not None else gen.partial[0]  # decoding, or prefilling past `shared`
+        state = gen.state if gen.state is not None else gen.partial  # decoding, or prefilling past `shared`
         entry = entry_from_state(state, turn.plan, turn.captures, [a for a in turn.plan.anchors if a.position <= cut],
                                  last_hidden, cut)
         entry.origin = "shared_prompt"

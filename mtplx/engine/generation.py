@@ -97,9 +97,9 @@ class Generation:
         self.stop_token: int | None = None  # the end-of-sequence token that ended the turn
         self.last_hidden_at_end = None  # hidden at the cache's last position, after feed_tail
         self.prefill_cut: int | None = None  # where a cancelled prefill stopped (its state is kept)
-        # The prefill's state and last hidden after its latest chunk (what a request waiting to
-        # share this prompt restores from: engine/shared_prompt.py); the caches go on being written.
-        self.partial: tuple | None = None
+        # The prefill's state after its latest chunk (what a request sharing this prompt's head
+        # restores from while it goes on: engine/shared_prompt.py); its caches go on being written.
+        self.partial: TurnState | None = None
         # The trunk's hidden just before each checkpoint the prefill captured (MTP only): with the
         # recurrent state there it makes that point a turn's end another request can restore, MTP
         # pair included, while this one decodes (bank_executor.share_running). Copied out of the
@@ -168,7 +168,7 @@ class Generation:
             if on_checkpoint and end in checkpoints:
                 on_checkpoint(end, snapshot.checkpoint_arrays(state.trunk))
                 self._hidden_before(end, last_hidden)
-            self.partial = (state, last_hidden)
+            self.partial = state
             yield PrefillProgress(self.request.request_id, end - cached, len(prompt) - cached)
         self.stats.prefill_s = time.perf_counter() - t0
         self.state = state

@@ -26,7 +26,7 @@ def anchor_strip(length: int, anchors: list[tuple[int, str]], checkpoints: list[
 
 
 # What made an entry, by its origin (mtplx/bank/entry.py): its own turn, idle-time render-ahead,
-# or a prompt prefix kept for turns waiting to share it (mtplx/engine/shared_prompt.py).
+# or a prompt prefix kept for turns that share it with one still running (mtplx/engine/shared_prompt.py).
 ORIGIN = {"render_ahead": ("ahead", "render-ahead"), "shared_prompt": ("share", "a shared prompt")}
 
 
