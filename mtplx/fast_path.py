@@ -129,7 +129,8 @@ def predicted() -> str:
         path = "cpu fp32 reference blas"
     else:
         path = "cpu fp32 + mkl" + (" + small-row kernel" if small_gemm.unavailable() is None else "")
-    return path + (" + attention kernel" if native_build.attention_unavailable() is None else "")
+    path += " + attention kernel" if native_build.attention_unavailable() is None else ""
+    return path + (" + vector silu" if vector_silu_wanted() else "")
 
 
 def use_fp32(on_cpu: bool, fp32_bytes: int) -> bool:
@@ -145,6 +146,13 @@ def use_fp32(on_cpu: bool, fp32_bytes: int) -> bool:
 
 
 DEQUANTIZE_ENV = "MTPLX_CPU_DEQUANTIZE"
+VECTOR_SILU_ENV = "MTPLX_VECTOR_SILU"  # off: MLX's own sigmoid in the MLP (mtplx/engine/fast_silu.py)
+
+
+def vector_silu_wanted() -> bool:
+    """The MLP's SiLU in vectorised arithmetic (fp32 on the CPU)? Only on x86-64, where MLX's CPU
+    wheel takes a scalar exp per value (measured there); other arches keep MLX's sigmoid."""
+    return wanted() and platform.machine().lower() in ("x86_64", "amd64") and native_build.switched_on(VECTOR_SILU_ENV)
 
 
 def dequantize_wanted() -> bool:

@@ -18,10 +18,14 @@ from mtplx.settings import tuned_default
 
 def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int = 256,
                   context_window: int | None = None, max_batch: int | None = None) -> EngineConfig:
-    # `mtplx tune` stores under the loaded checkpoint's identity, which names an fp32 cast (and
-    # whether quantized layers were unpacked: compute.ComputePath.salt).
+    # `mtplx tune` stores under the loaded checkpoint's identity, which names an fp32 cast,
+    # whether quantized layers were unpacked and the SiLU (compute.ComputePath.salt). A tune
+    # stored before the vector SiLU existed still gives the defaults, after one made with it.
     quantized = "quantization" in read_config(Path(model_path))
-    salts = (("fp32-unpacked",) if quantized else ()) + ("fp32", "") if predicted().startswith("cpu fp32") else ("",)
+    compute = predicted()
+    salts = (("fp32-unpacked",) if quantized else ()) + ("fp32", "") if compute.startswith("cpu fp32") else ("",)
+    if compute.endswith(" + vector silu"):
+        salts = tuple(s + "+silu" for s in salts) + salts
     tuned = next((found for salt in salts if (found := tuned_default(model_identity(model_path, salt)))), None) or {}
     use_mtp = False if no_mtp else tuned.get("mtp", True) if depth is None else True
     return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2),

@@ -37,12 +37,15 @@ class ComputePath:
     label: str  # 'cpu fp32 + mkl', 'cpu bf16 reference blas', 'metal', ...
     cast: bool  # weights were cast (or dequantized) from how they were stored (the bank keys entries by this too)
     dequantized: int = 0  # quantized layers unpacked to fp32 (the label also counts those left packed)
+    vector_silu: bool = False  # the MLP's SiLU is fast_silu's (other bits than MLX's sigmoid)
 
     @property
     def salt(self) -> str:
         """What the model identity adds for this path: KV computed through packed quantized
-        matmuls must not restore into their unpacked twins, nor bf16 into fp32."""
-        return ("fp32-unpacked" if self.dequantized else "fp32") if self.cast else ""
+        matmuls must not restore into their unpacked twins, nor bf16 into fp32, nor values
+        computed with one SiLU into a process computing with the other."""
+        dtype = ("fp32-unpacked" if self.dequantized else "fp32") if self.cast else ""
+        return dtype + ("+silu" if self.vector_silu else "")
 
 
 def _floats(module) -> list[mx.array]:
@@ -110,6 +113,12 @@ def prepare(model, mtp=None) -> ComputePath:
         cpu_attention.install()  # MLX's CPU attention is exp-bound at agent context lengths (cpu_attention.py)
         if cpu_attention.kernel()[0] is not None:
             label += " + attention kernel"
+    vector_silu = on_cpu and dtype == "fp32" and fast_path.vector_silu_wanted()
+    if vector_silu:
+        from mtplx.engine import fast_silu
+
+        fast_silu.install()  # MLX's CPU sigmoid is a scalar exp per value (fast_silu.py)
+        label += " + vector silu"
     if not on_cpu:
         from mtplx.engine import gpu_attention
 
@@ -121,7 +130,7 @@ def prepare(model, mtp=None) -> ComputePath:
         label += f", {dequantized} quantized layers unpacked"
     if left and on_cpu:
         label += f", {left} quantized layers packed"
-    return ComputePath(label, cast, dequantized)
+    return ComputePath(label, cast, dequantized, vector_silu)
 
 
 @functools.cache
