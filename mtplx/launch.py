@@ -24,7 +24,7 @@ def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int =
     quantized = "quantization" in read_config(Path(model_path))
     compute = predicted()
     salts = (("fp32-unpacked",) if quantized else ()) + ("fp32", "") if compute.startswith("cpu fp32") else ("",)
-    if compute.endswith(" + vector silu"):
+    if " + vector silu" in compute:
         salts = tuple(s + "+silu" for s in salts) + salts
     tuned = next((found for salt in salts if (found := tuned_default(model_identity(model_path, salt)))), None) or {}
     use_mtp = False if no_mtp else tuned.get("mtp", True) if depth is None else True

@@ -82,3 +82,23 @@ def test_a_loaded_model_uses_it_and_its_identity_says_so():
     assert not off["patched"] and "silu" not in off["compute"]
     # entries computed with one SiLU never restore into a process computing with the other
     assert on["identity"] != off["identity"]
+
+
+def test_silu_alone_is_as_accurate_and_as_shape_independent():
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.normal(size=50_000) * 8, np.linspace(-87, 87, 20_001)]).astype(np.float32)
+    out = np.array(fast_silu.silu(mx.array(x)))
+    ref = _silu64(x)
+    assert (np.abs(out - ref) / np.maximum(np.abs(ref), 1e-300)).max() < 3e-7
+    block = mx.array(rng.normal(size=(3, 6, 512)).astype(np.float32) * 5)
+    alone = np.array(fast_silu.silu(block[1:2, 4:5]))
+    for other in (np.array(fast_silu.silu(block))[1:2, 4:5], np.array(mx.compile(fast_silu.silu)(block))[1:2, 4:5]):
+        assert np.array_equal(alone.view(np.uint32), other.view(np.uint32))
+
+
+def test_the_hybrids_recurrent_layers_take_it_where_the_model_does(hybrid_engine):
+    """Every path of a GatedDeltaNet layer (prefill, capturing verify, compiled step) reads the
+    layer's own switch, set from the same compute path as the MLPs'."""
+    on = " + vector silu" in hybrid_engine.checkpoint.extras["compute"]
+    layers = [layer.linear_attn for layer in hybrid_engine.runner.model.layers if hasattr(layer, "linear_attn")]
+    assert layers and all(layer.vector_silu == on for layer in layers)

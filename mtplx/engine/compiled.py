@@ -27,7 +27,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.qwen3 import Attention as Qwen3Attention
 from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
-from mtplx.engine import fused_projections, gdn_step, preemption, rotary_table
+from mtplx.engine import fast_silu, fused_projections, gdn_step, preemption, rotary_table
 from mtplx.engine.batch_cache import RaggedKVCache
 
 STEP_TOKENS = 16  # longer inputs (prefill chunks) run mlx-lm's forward
@@ -136,6 +136,7 @@ class RecurrentStep:
         keep = net.conv_kernel_size - 1
         projections = fused_projections.fuse([net.in_proj_qkv, net.in_proj_z, net.in_proj_b, net.in_proj_a])
         mlp = fused_projections.swiglu_mlp(layer.mlp) or layer.mlp
+        activation = fast_silu.silu if net.vector_silu else nn.silu  # as the layer's own forward (gdn_capture)
 
         def run(x, conv_state, state, capture):
             B, S, _ = x.shape
@@ -144,7 +145,7 @@ class RecurrentStep:
                 net.in_proj_qkv(inputs), net.in_proj_z(inputs), net.in_proj_b(inputs), net.in_proj_a(inputs))
             z = z.reshape(B, S, net.num_v_heads, net.head_v_dim)
             conv_input = mx.concatenate([conv_state, qkv], axis=1)
-            conv_out = nn.silu(net.conv1d(conv_input))
+            conv_out = activation(net.conv1d(conv_input))
             q, k, v = [t.reshape(B, S, h, d) for t, h, d in zip(
                 mx.split(conv_out, [net.key_dim, 2 * net.key_dim], -1),
                 [net.num_k_heads, net.num_k_heads, net.num_v_heads], [net.head_k_dim, net.head_k_dim, net.head_v_dim])]

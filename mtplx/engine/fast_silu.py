@@ -5,18 +5,22 @@ its scalar `simd::exp<float, 1>`, whose fused multiply-adds are calls into libm 
 built without FMA): ~25 ns a value here. A Qwen-family MLP takes one per intermediate unit per
 token, so in a 4-row MTP round on tiny-dense (16 verify tokens x 640 units x 4 layers, plus the
 head) the sigmoid cost about as much as a third of all the matmuls, growing with every row and
-every verify token (perf, side by side: 2,000 verifies of 1 vs 4 rows). Here e^-g = 2^n * 2^f is
-taken as cpu_attention's softmax takes its exponent: n in the exponent bits, 2^f a degree-5
-polynomial on [-1/2, 1/2], all plain multiplies and adds that MLX's compiled kernels run as one
-vectorised loop. Measured alone: 16 x 640 values 204 -> 68 us, 3,000 x 640 (a prefill chunk's
-worth) 27.6 -> 4.7 ms. Relative error against float64: below 4e-7 for |gate| < 60, like MLX's
-own (both ~4e-6 where the output underflows towards 1e-28).
+every verify token (perf, side by side: 2,000 verifies of 1 vs 4 rows). Here e^-g = 2^n * e^r:
+n in the exponent bits (as cpu_attention's softmax builds it), r by Cody-Waite reduction, e^r a
+degree-7 polynomial, all plain multiplies and adds that MLX's compiled kernels run as vectorised
+loops. Relative error against float64 at most 1.5e-7 (MLX's own sigmoid: 3.7e-6).
 
 The bits differ from MLX's sigmoid in the last places, so it is installed for the whole process
 (every mlx-lm module's `swiglu`, hence prefill, decode, verify, batch rows and the MTP head all
 compute it the same way) and the model identity names it (compute.ComputePath.salt): a bank
 entry computed with the other SiLU never restores into this one. Only on the CPU backend with
-fp32 compute; `MTPLX_VECTOR_SILU=off` keeps MLX's sigmoid.
+fp32 compute, on x86-64 (fast_path.vector_silu_wanted); `MTPLX_VECTOR_SILU=off` keeps MLX's
+sigmoid. bench/vector_silu.py measures it against MLX's, side by side.
+
+A GatedDeltaNet's convolution output goes through a SiLU too (512 values a token a layer on
+tiny-hybrid, against 640 in its MLP). Those layers are mtplx's own (gdn_capture.py), so `silu`
+below is switched on per layer (`vector_silu`, set when the runner installs them), which every
+path of that layer (prefill, capture, compiled step) reads.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from __future__ import annotations
 import sys
 
 import mlx.core as mx
+import mlx.nn as nn
 
-from mtplx.fast_path import VECTOR_SILU_ENV as ENV
 
 _LOG2E = 1.4426950408889634
 _ROUND = 12582912.0  # 1.5 * 2**23: adding it rounds a float32 below 2**22 to an integer, in the low mantissa bits
@@ -56,11 +60,16 @@ def _gated(gate: mx.array, x: mx.array, p: mx.array, scale: mx.array) -> mx.arra
     return gate * x / (1.0 + p * scale)
 
 
+def _silu(x: mx.array, p: mx.array, scale: mx.array) -> mx.array:
+    return x / (1.0 + p * scale)
+
+
 # Shapeless (a prefill chunk's shape changes chunk to chunk). The bit view between them cannot be
 # traced shapeless, so it runs as its own few ops; inside a shaped compile (compiled.py's layer
 # steps) the whole function fuses.
 _exponent_c = mx.compile(_exponent, shapeless=True)
 _gated_c = mx.compile(_gated, shapeless=True)
+_silu_c = mx.compile(_silu, shapeless=True)
 _original = None  # mlx-lm's swiglu, once replaced
 
 
@@ -69,8 +78,21 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     if gate.dtype != mx.float32 or x.dtype != mx.float32:
         return _original(gate, x) if _original is not None else _reference(gate, x)
     p, t = _exponent_c(gate)
-    scale = ((t.view(mx.int32) - _BIAS_BITS + 127) << 23).view(mx.float32)
-    return _gated_c(gate, x, p, scale)
+    return _gated_c(gate, x, p, _power_of_two(t))
+
+
+def silu(x: mx.array) -> mx.array:
+    """x * sigmoid(x), for float32 input (a GatedDeltaNet's convolution output: gdn_capture.py and
+    compiled.py's recurrent step, where the layer says so)."""
+    if x.dtype != mx.float32:
+        return nn.silu(x)
+    p, t = _exponent_c(x)
+    return _silu_c(x, p, _power_of_two(t))
+
+
+def _power_of_two(t: mx.array) -> mx.array:
+    """2^n from n + _ROUND (n in its low mantissa bits), built in the exponent bits."""
+    return ((t.view(mx.int32) - _BIAS_BITS + 127) << 23).view(mx.float32)
 
 
 def _reference(gate, x):

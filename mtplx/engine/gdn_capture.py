@@ -18,7 +18,7 @@ import mlx.nn as nn
 from mlx_lm.models import gated_delta
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
-from mtplx.engine import gdn_prefill, gdn_step
+from mtplx.engine import fast_silu, gdn_prefill, gdn_step
 
 
 # A prefill chunk's recurrence runs in compiled blocks of this many positions. Step by step it
@@ -49,6 +49,7 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
     else in compiled blocks of the step function."""
 
     chunked = False
+    vector_silu = False  # the convolution's SiLU is fast_silu's (the model's MLPs compute theirs so)
 
     def __call__(self, inputs: mx.array, mask=None, cache=None) -> mx.array:
         capture = cache is not None and getattr(cache, "capture", False)
@@ -64,7 +65,7 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
         conv_state = cache[0] if cache[0] is not None else mx.zeros((B, keep, self.conv_dim), dtype=inputs.dtype)
         conv_input = mx.concatenate([conv_state, qkv], axis=1)
-        conv_out = nn.silu(self.conv1d(conv_input))
+        conv_out = (fast_silu.silu if self.vector_silu else nn.silu)(self.conv1d(conv_input))
         sizes = [self.key_dim, 2 * self.key_dim]
         q, k, v = [
             t.reshape(B, S, h, d)
@@ -115,9 +116,10 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         return out
 
 
-def install(model, chunked: bool = False) -> bool:
+def install(model, chunked: bool = False, vector_silu: bool = False) -> bool:
     """Switch every qwen3_5 GatedDeltaNet of `model` to the capturing class (same parameters),
-    prefilling in matrix form if `chunked`. Returns whether all recurrent layers can now capture."""
+    prefilling in matrix form if `chunked`, its convolution's SiLU fast_silu's if `vector_silu`.
+    Returns whether all recurrent layers can now capture."""
     layers = getattr(model, "layers", [])
     recurrent = [layer for layer in layers if hasattr(layer, "linear_attn")]
     for layer in recurrent:
@@ -125,4 +127,5 @@ def install(model, chunked: bool = False) -> bool:
             layer.linear_attn.__class__ = CapturingGatedDeltaNet
         if isinstance(layer.linear_attn, CapturingGatedDeltaNet):
             layer.linear_attn.chunked = chunked
+            layer.linear_attn.vector_silu = vector_silu
     return all(isinstance(layer.linear_attn, CapturingGatedDeltaNet) for layer in recurrent)

@@ -50,7 +50,8 @@ class ModelRunner:
         # recurrent layer has a state at a forward's end alone.
         gdn = sum(hasattr(layer, "linear_attn") for layer in self.model.layers)
         recurrent = sum(isinstance(c, ArraysCache) for c in cache_layers.leaves(cache))
-        self.can_capture = (gdn_capture.install(self.model, chunked) and gdn == recurrent) if self.has_recurrent else True
+        vector_silu = " + vector silu" in str(checkpoint.extras.get("compute"))  # compute.prepare installed it
+        self.can_capture = (gdn_capture.install(self.model, chunked, vector_silu) and gdn == recurrent) if self.has_recurrent else True
         # Short steps (decode, verify, draft) through compiled layers where the family is known;
         # on the CPU backend only, where per-op dispatch is what such a step costs.
         on_cpu = mx.default_device() == mx.cpu
