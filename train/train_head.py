@@ -43,8 +43,14 @@ def chain_mask(levels: int, n: int) -> torch.Tensor:
     return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None]
 
 
-def chain_losses(model: TinyMTPModel, ids: torch.Tensor, levels: int) -> list[torch.Tensor]:
-    """Soft cross-entropy of each level's draft against the trunk's distribution there."""
+def chain_losses(model: TinyMTPModel, ids: torch.Tensor, levels: int, first: int | None = None,
+                 agreement: list | None = None) -> list[torch.Tensor]:
+    """Soft cross-entropy of each level's draft against the trunk's distribution there.
+
+    `first`: the position of the first generated token (distill_head.py); only chains that start
+    at or after the pair feeding it, (hidden at first-1, token first), count, as at inference.
+    `agreement`, when given, receives each level's share of positions where the head's pick is the
+    trunk's (a greedy draft's acceptance, given the chain before it was kept)."""
     trunk, mtp = model.trunk, model.mtp
     with torch.no_grad():
         hidden = trunk.model(input_ids=ids).last_hidden_state
@@ -53,7 +59,7 @@ def chain_losses(model: TinyMTPModel, ids: torch.Tensor, levels: int) -> list[to
         embeds = trunk.model.embed_tokens(ids[:, 1:])  # x[p+1] for p = 0 .. n-2
     n = ids.shape[1] - 1
     hidden = hidden[:, :n]
-    mask = chain_mask(levels, n)
+    mask = chain_mask(levels, n).to(ids.device)
     enter = lambda h, e: mtp.fc(torch.cat([mtp.pre_fc_norm_embedding(e), mtp.pre_fc_norm_hidden(h)], dim=-1))
     inputs, losses, previous = [], [], hidden
     for level in range(1, levels + 1):
@@ -62,12 +68,15 @@ def chain_losses(model: TinyMTPModel, ids: torch.Tensor, levels: int) -> list[to
             previous = torch.cat([torch.zeros_like(previous[:, :1]), previous[:, :-1]], dim=1)
         inputs.append(enter(previous, embeds))
         x = torch.cat(inputs, dim=1)
-        rope, pos = model._rope(x, torch.arange(n).repeat(level))
+        rope, pos = model._rope(x, torch.arange(n, device=ids.device).repeat(level))
         out = mtp.layers[0](x, position_embeddings=rope, attention_mask=mask[..., : level * n, : level * n], position_ids=pos)
         out = mtp.norm(out[:, -n:])
-        valid = slice(level - 1, n)  # a chain must start at t >= 0
+        # A chain must start at t >= 0 (t = p - level + 1), or at t >= first - 1 on generated text.
+        valid = slice(level - 1 if first is None else max(level - 1, first + level - 2), n)
         log_p = nn.functional.log_softmax(trunk.lm_head(out[:, valid]), dim=-1)
         losses.append(-(teacher[:, valid] * log_p).sum(-1).mean())
+        if agreement is not None:
+            agreement.append((log_p.argmax(-1) == teacher[:, valid].argmax(-1)).float().mean().item())
         previous = out
     return losses
 
