@@ -6,6 +6,9 @@ One process, per model two engines on the same weights: A computes the MLP's SiL
 sigmoid (built with MTPLX_VECTOR_SILU=off), B with the vector SiLU. Each round runs every arm on
 A then on B, back to back, so the machine's load hits both alike:
 - the SwiGLU alone at a decode step's, a 4-row verify's and a prefill chunk's shapes;
+- the trunk's compiled forward of an AR step (1 row x 1 token), a verify (1 x 4) and a 4-row
+  batch's verify (4 x 4), logits and argmax included: one runner holds two compiled forwards,
+  one per SiLU, over the same caches, called alternately (rolled back after each call);
 - a cold ~3k-token prompt to its first token (while A's prompt runs, mlx-lm's modules are handed
   MLX's SwiGLU back: the prefill goes through them, the decode steps through each engine's own
   compiled layers);
@@ -69,6 +72,61 @@ def swiglu_us(fn, shape, reps: int) -> float:
     return (time.perf_counter() - t) / reps * 1e6
 
 
+def step_pair(engine: Engine, rows: int, tokens: int, calls: int = 120) -> tuple[float, float]:
+    """Median seconds of the trunk's compiled forward (+ logits, argmax) with MLX's SwiGLU and
+    with the vector one, alternated call by call on the same caches (engine B's runner)."""
+    import mlx.core as mx
+    from mlx_lm.models import activations
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mtplx.engine import batch_cache, cache_state, compiled, fast_silu
+    from mtplx.engine.batch_cache import RaggedKVCache
+
+    def measure():
+        r = engine.runner
+        recurrent = [layer.linear_attn for layer in r.model.layers if hasattr(layer, "linear_attn")]
+
+        def build(vector: bool):
+            activations.swiglu = fast_silu.swiglu if vector else fast_silu._original
+            for layer in recurrent:
+                layer.vector_silu = vector
+            try:
+                return compiled.build(r.inner)
+            finally:
+                activations.swiglu = fast_silu.swiglu
+                for layer in recurrent:
+                    layer.vector_silu = True
+
+        forwards = (build(False), build(True))
+        caches = []
+        for b in range(rows):  # rows of different lengths, as sessions are
+            cache = make_prompt_cache(r.checkpoint.model)
+            with r.small_forwards():
+                r.hidden(mx.array([[7] * (200 + 9 * b)]), cache)
+                mx.eval([c.state for c in cache])
+            caches.append(cache)
+        cache = caches[0] if rows == 1 else batch_cache.merge(caches)
+        fed = mx.full((rows, tokens), 5, dtype=mx.int32)
+        times: tuple[list, list] = ([], [])
+        for i in range(calls + 10):
+            for arm, forward in enumerate(forwards):
+                saved = cache_state.recurrent_copy(cache)
+                with r.small_forwards():
+                    t = time.perf_counter()
+                    mx.eval(mx.argmax(r.logits(forward(fed, cache)), axis=-1))
+                    elapsed = time.perf_counter() - t
+                if i >= 10:
+                    times[arm].append(elapsed)
+                cache_state.rewind(cache, saved, tokens)
+                for layer in cache:
+                    if isinstance(layer, RaggedKVCache):
+                        layer.trim_rows([tokens] * rows)
+                mx.eval([c.state for c in cache])
+        return statistics.median(times[0]), statistics.median(times[1])
+
+    return engine.call(measure)
+
+
 def cold_ttft(engine: Engine, cold) -> float:
     msgs, tools = cold
     tok = engine.checkpoint.tokenizer
@@ -100,14 +158,16 @@ def main() -> None:
             cold, _ = turns.prompts(a.checkpoint.tokenizer)
             for e in (a, b):
                 concurrency.run(e, batch, 16)
-            shapes = {"1x640 (AR step)": (1, 1, 640), "16x640 (4-row verify)": (4, 4, 640), "2048x640 (prefill chunk)": (1, 2048, 640)}
+            shapes = {"1x640 (AR step)": (1, 1, 640), "16x640 (4-row verify)": (4, 4, 640), "256x640 (prefill chunk)": (1, 256, 640)}
             rows: dict[str, list] = {}
             for r in range(args.rounds):
                 got = {}
                 for label, shape in shapes.items():
-                    reps = 20 if shape[1] > 100 else 300
+                    reps = 50 if shape[1] > 100 else 300
                     got[f"swiglu {label} us"] = (swiglu_us(mlx_swiglu if fast_silu._original is None else fast_silu._original, shape, reps),
                                                  swiglu_us(fast_silu.swiglu, shape, reps))
+                for label, (n, t) in {"AR step": (1, 1), "verify, 1 row": (1, 4), "verify, 4 rows": (4, 4)}.items():
+                    got[f"forward {label} ms"] = tuple(x * 1e3 for x in step_pair(b, n, t))
                 with mlx_sigmoid():
                     cold_a = cold_ttft(a, cold)
                 got["cold ~3k TTFT s"] = (cold_a, cold_ttft(b, cold))
