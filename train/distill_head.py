@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 
 from train.architectures import TinyMTPModel
-from train.train_head import chain_losses
+from train.train_head import Schedule, chain_losses, train_steps
 from train.train_model import export, load_export, token_stream
 
 SEEDS = 4_000_000  # conversations disjoint from training, tokenizer, held-out, bench and train_head seeds
@@ -100,36 +99,23 @@ def train(args: argparse.Namespace) -> None:
               + "  agreement " + " ".join(f"{a:.3f}" for a in agreement), flush=True)
 
     evaluate("before")
-    params = list(model.mtp.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    weights = [1.0, 0.8, 0.6, 0.5, 0.4, 0.3][: args.levels]
-    start, step, tokens, total_steps = time.time(), 0, 0, None
-    while True:
-        if step == 20:
-            total_steps = int(20 * args.minutes * 60 / (time.time() - start))
-            print(f"planning {total_steps} steps", flush=True)
-        if total_steps and step >= total_steps:
-            break
-        frac = step / total_steps if total_steps else 0.0
-        for group in opt.param_groups:
-            group["lr"] = args.lr * min(1.0, (step + 1) / 50) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    def batch():
         if torch.rand(1, generator=gen).item() < args.text_share:  # plain text, every position counts
             offsets = torch.randint(0, len(data) - args.seq - 1, (args.batch,), generator=gen)
-            ids, first = torch.stack([data[s : s + args.seq] for s in offsets]), None
-        else:
-            pooled, first = pool[int(torch.randint(0, len(pool), (1,), generator=gen))]
-            ids = pooled[torch.randint(0, pooled.shape[0], (args.batch,), generator=gen)]
-        losses = chain_losses(model, ids.to(args.device), args.levels, first)
-        sum(w * loss for w, loss in zip(weights, losses)).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step, tokens = step + 1, tokens + ids.numel()
+            return torch.stack([data[s : s + args.seq] for s in offsets]).to(args.device), None
+        pooled, first = pool[int(torch.randint(0, len(pool), (1,), generator=gen))]
+        return pooled[torch.randint(0, pooled.shape[0], (args.batch,), generator=gen)].to(args.device), first
+
+    def report(step, losses, tokens, seconds, first):
         if step % 500 == 0:
             evaluate(f"at step {step}")
         if step % 50 == 0:
             print(f"step {step} {'text' if first is None else 'replies'} " + " ".join(
-                f"d{i + 1} {loss.item():.3f}" for i, loss in enumerate(losses)) + f" tokens {tokens:,} {time.time() - start:.0f}s", flush=True)
+                f"d{i + 1} {loss.item():.3f}" for i, loss in enumerate(losses)) + f" tokens {tokens:,} {seconds:.0f}s", flush=True)
+
+    step, tokens, _ = train_steps(model, args.levels, Schedule(args.minutes, args.lr, warmup=50, floor=0.05, plan_after=20),
+                                  batch, report)
     evaluate("after")
     model.to("cpu")
     meta = json.loads((args.model / "training.json").read_text())

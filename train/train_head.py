@@ -24,6 +24,7 @@ import json
 import math
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -81,6 +82,52 @@ def chain_losses(model: TinyMTPModel, ids: torch.Tensor, levels: int, first: int
     return losses
 
 
+LEVEL_WEIGHTS = [1.0, 0.8, 0.6, 0.5, 0.4, 0.3]
+
+
+@dataclass
+class Schedule:
+    """How long and how fast: the step count is planned from the pace of the first `plan_after`
+    steps to fill `minutes`; the learning rate warms up over `warmup` steps, then follows a cosine
+    from `lr` down to `floor` x `lr`."""
+    minutes: float
+    lr: float
+    warmup: int
+    floor: float
+    plan_after: int
+
+
+def train_steps(model: TinyMTPModel, levels: int, schedule: Schedule, batch, report=None) -> tuple[int, int, list]:
+    """Train the head (the trunk frozen) on `batch()` -> (ids, first generated position or None)
+    with `chain_losses`; `report(step, losses, tokens, seconds, first)` after every step.
+    Returns (steps, tokens, the last step's losses)."""
+    params = list(model.mtp.parameters())
+    opt = torch.optim.AdamW(params, lr=schedule.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    weights = LEVEL_WEIGHTS[:levels]
+    start, step, tokens, total_steps, losses = time.time(), 0, 0, None, []
+    while True:
+        if step == schedule.plan_after:
+            # at least the steps already taken: a slow start must not plan zero (which never ends)
+            total_steps = max(step, int(step * schedule.minutes * 60 / (time.time() - start)))
+            print(f"planning {total_steps} steps", flush=True)
+        if total_steps is not None and step >= total_steps:
+            break
+        frac = step / total_steps if total_steps else 0.0
+        for group in opt.param_groups:
+            cosine = schedule.floor + (1 - schedule.floor) * 0.5 * (1 + math.cos(math.pi * frac))
+            group["lr"] = schedule.lr * min(1.0, (step + 1) / schedule.warmup) * cosine
+        ids, first = batch()
+        losses = chain_losses(model, ids, levels, first)
+        sum(w * loss for w, loss in zip(weights, losses)).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step, tokens = step + 1, tokens + ids.numel()
+        if report is not None:
+            report(step, losses, tokens, time.time() - start, first)
+    return step, tokens, losses
+
+
 def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -91,31 +138,20 @@ def train(args: argparse.Namespace) -> None:
     load_export(model, args.model)
     model.trunk.requires_grad_(False)
     model.trunk.eval()
-    params = list(model.mtp.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    weights = [1.0, 0.8, 0.6, 0.5, 0.4, 0.3][: args.levels]
     gen = torch.Generator().manual_seed(args.seed)
-    start, step, tokens, total_steps = time.time(), 0, 0, None
-    while True:
-        if step == 10:
-            total_steps = int(10 * args.minutes * 60 / (time.time() - start))
-            print(f"planning {total_steps} steps", flush=True)
-        if total_steps and step >= total_steps:
-            break
-        frac = step / total_steps if total_steps else 0.0
-        for group in opt.param_groups:
-            group["lr"] = args.lr * min(1.0, (step + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    def batch():
         starts = torch.randint(0, len(data) - args.seq - 1, (args.batch,), generator=gen)
-        ids = torch.stack([data[s : s + args.seq] for s in starts])
-        losses = chain_losses(model, ids, args.levels)
-        sum(w * loss for w, loss in zip(weights, losses)).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step, tokens = step + 1, tokens + ids.numel()
+        return torch.stack([data[s : s + args.seq] for s in starts]), None
+
+    def report(step, losses, tokens, seconds, _first):
         if step % 10 == 0:
             print(f"step {step} " + " ".join(f"d{i + 1} {loss.item():.3f}" for i, loss in enumerate(losses))
-                  + f" tokens {tokens:,} {time.time() - start:.0f}s", flush=True)
+                  + f" tokens {tokens:,} {seconds:.0f}s", flush=True)
+
+    start = time.time()
+    step, tokens, losses = train_steps(model, args.levels, Schedule(args.minutes, args.lr, warmup=20, floor=0.1, plan_after=10),
+                                       batch, report)
     meta = json.loads((args.model / "training.json").read_text())
     meta["head_retrained"] = {"levels": args.levels, "steps": step, "tokens": tokens, "seed": args.seed,
                               "seeds_from": SEEDS + args.seed * 100_000, "teacher": "trunk",
