@@ -32,19 +32,19 @@ import mlx.nn as nn
 
 
 _LOG2E = 1.4426950408889634
-_ROUND = 12582912.0  # 1.5 * 2**23: adding it rounds a float32 below 2**22 to an integer, in the low mantissa bits
-_BIAS_BITS = 0x4B400000  # the bit pattern of _ROUND itself
+_ROUND = 12582912.0  # 1.5 * 2**23: adding and subtracting it rounds a float32 below 2**22 to an integer
 _LN2_HI = 0.693145751953125  # 16 significant bits: n * _LN2_HI is exact for |n| <= 127
 _LN2_LO = 1.428606765330187e-06
 
 
 def _exponent(gate: mx.array) -> tuple[mx.array, mx.array]:
-    """e^-gate as (e^r, n + _ROUND) with -gate = n ln 2 + r, |r| <= ln 2 / 2: n is rounded from
-    -gate log2 e (clamped to 2^n's normal range) and r taken with ln 2 in two parts (Cody-Waite),
-    so the product's rounding does not reach the result."""
+    """e^-gate as (e^r, the bit pattern of 2^n) with -gate = n ln 2 + r, |r| <= ln 2 / 2: n is
+    rounded from -gate log2 e (clamped to 2^n's normal range) and r taken with ln 2 in two parts
+    (Cody-Waite), so the product's rounding does not reach the result. The bits (n + 127) << 23
+    are made as a float and converted here, inside the compiled kernel: only the view to float32
+    is left outside it (a decode step's MLP pays one op more than with MLX's sigmoid)."""
     z = -gate
-    t = mx.clip(z * _LOG2E, -126.0, 127.0) + _ROUND
-    n = t - _ROUND
+    n = (mx.clip(z * _LOG2E, -126.0, 127.0) + _ROUND) - _ROUND  # round to nearest, exactly
     r = (z - n * _LN2_HI) - n * _LN2_LO
     p = 1.9841270e-4  # e^r by its Taylor series to r^7 / 7!: below 1e-8 on |r| <= 0.347
     p = p * r + 1.3888889e-3
@@ -53,7 +53,7 @@ def _exponent(gate: mx.array) -> tuple[mx.array, mx.array]:
     p = p * r + 1.6666667e-1
     p = p * r + 0.5
     p = p * r + 1.0
-    return p * r + 1.0, t
+    return p * r + 1.0, ((n + 127.0) * 8388608.0).astype(mx.int32)
 
 
 def _gated(gate: mx.array, x: mx.array, p: mx.array, scale: mx.array) -> mx.array:
@@ -77,8 +77,8 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     """silu(gate) * x, as mlx-lm's activations.swiglu computes it, for float32 inputs."""
     if gate.dtype != mx.float32 or x.dtype != mx.float32:
         return _original(gate, x) if _original is not None else _reference(gate, x)
-    p, t = _exponent_c(gate)
-    return _gated_c(gate, x, p, _power_of_two(t))
+    p, bits = _exponent_c(gate)
+    return _gated_c(gate, x, p, _power_of_two(bits))
 
 
 def silu(x: mx.array) -> mx.array:
@@ -86,13 +86,12 @@ def silu(x: mx.array) -> mx.array:
     compiled.py's recurrent step, where the layer says so)."""
     if x.dtype != mx.float32:
         return nn.silu(x)
-    p, t = _exponent_c(x)
-    return _silu_c(x, p, _power_of_two(t))
+    p, bits = _exponent_c(x)
+    return _silu_c(x, p, _power_of_two(bits))
 
 
-def _power_of_two(t: mx.array) -> mx.array:
-    """2^n from n + _ROUND (n in its low mantissa bits), built in the exponent bits."""
-    return ((t.view(mx.int32) - _BIAS_BITS + 127) << 23).view(mx.float32)
+def _power_of_two(bits: mx.array) -> mx.array:
+    return bits.view(mx.float32)
 
 
 def _reference(gate, x):
