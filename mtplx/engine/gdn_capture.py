@@ -116,10 +116,11 @@ class CapturingGatedDeltaNet(GatedDeltaNet):
         return out
 
 
-def install(model, chunked: bool = False, vector_silu: bool = False) -> bool:
+def install(model, chunked: bool = False, vector_silu: bool | None = None) -> bool:
     """Switch every qwen3_5 GatedDeltaNet of `model` to the capturing class (same parameters),
-    prefilling in matrix form if `chunked`, its convolution's SiLU fast_silu's if `vector_silu`.
-    Returns whether all recurrent layers can now capture."""
+    prefilling in matrix form if `chunked`, its convolution's SiLU fast_silu's if `vector_silu`
+    (None: as the layer has it, the class default off). Returns whether all recurrent layers can
+    now capture."""
     layers = getattr(model, "layers", [])
     recurrent = [layer for layer in layers if hasattr(layer, "linear_attn")]
     for layer in recurrent:
@@ -127,5 +128,6 @@ def install(model, chunked: bool = False, vector_silu: bool = False) -> bool:
             layer.linear_attn.__class__ = CapturingGatedDeltaNet
         if isinstance(layer.linear_attn, CapturingGatedDeltaNet):
             layer.linear_attn.chunked = chunked
-            layer.linear_attn.vector_silu = vector_silu
+            if vector_silu is not None:
+                layer.linear_attn.vector_silu = vector_silu
     return all(isinstance(layer.linear_attn, CapturingGatedDeltaNet) for layer in recurrent)
