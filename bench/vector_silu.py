@@ -51,7 +51,7 @@ def mlx_sigmoid():
     swapped = [m for name, m in list(sys.modules.items())
                if name.startswith("mlx_lm.models.") and getattr(m, "swiglu", None) is fast_silu.swiglu]
     for m in swapped:
-        m.swiglu = fast_silu._original
+        m.swiglu = fast_silu.mlx_lm_swiglu
     try:
         yield
     finally:
@@ -87,7 +87,7 @@ def step_pair(engine: Engine, rows: int, tokens: int, calls: int = 120) -> tuple
         recurrent = [layer.linear_attn for layer in r.model.layers if hasattr(layer, "linear_attn")]
 
         def build(vector: bool):
-            activations.swiglu = fast_silu.swiglu if vector else fast_silu._original
+            activations.swiglu = fast_silu.swiglu if vector else fast_silu.mlx_lm_swiglu
             for layer in recurrent:
                 layer.vector_silu = vector
             try:
@@ -140,8 +140,6 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny-dense", "tiny-hybrid"])
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
-    from mlx_lm.models.activations import swiglu as mlx_swiglu
-
     from mtplx.engine import fast_silu
 
     for name in args.models:
@@ -164,7 +162,7 @@ def main() -> None:
                 got = {}
                 for label, shape in shapes.items():
                     reps = 50 if shape[1] > 100 else 300
-                    got[f"swiglu {label} us"] = (swiglu_us(mlx_swiglu if fast_silu._original is None else fast_silu._original, shape, reps),
+                    got[f"swiglu {label} us"] = (swiglu_us(fast_silu.mlx_lm_swiglu, shape, reps),
                                                  swiglu_us(fast_silu.swiglu, shape, reps))
                 for label, (n, t) in {"AR step": (1, 1), "verify, 1 row": (1, 4), "verify, 4 rows": (4, 4)}.items():
                     got[f"forward {label} ms"] = tuple(x * 1e3 for x in step_pair(b, n, t))

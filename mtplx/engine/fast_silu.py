@@ -29,6 +29,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.activations import swiglu as mlx_lm_swiglu  # kept: install() replaces the module's name
 
 
 _LOG2E = 1.4426950408889634
@@ -70,15 +71,14 @@ def _silu(x: mx.array, p: mx.array, scale: mx.array) -> mx.array:
 _exponent_c = mx.compile(_exponent, shapeless=True)
 _gated_c = mx.compile(_gated, shapeless=True)
 _silu_c = mx.compile(_silu, shapeless=True)
-_original = None  # mlx-lm's swiglu, once replaced
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     """silu(gate) * x, as mlx-lm's activations.swiglu computes it, for float32 inputs."""
     if gate.dtype != mx.float32 or x.dtype != mx.float32:
-        return _original(gate, x) if _original is not None else _reference(gate, x)
+        return mlx_lm_swiglu(gate, x)
     p, bits = _exponent_c(gate)
-    return _gated_c(gate, x, p, _power_of_two(bits))
+    return _gated_c(gate, x, p, bits.view(mx.float32))
 
 
 def silu(x: mx.array) -> mx.array:
@@ -87,31 +87,15 @@ def silu(x: mx.array) -> mx.array:
     if x.dtype != mx.float32:
         return nn.silu(x)
     p, bits = _exponent_c(x)
-    return _silu_c(x, p, _power_of_two(bits))
-
-
-def _power_of_two(bits: mx.array) -> mx.array:
-    return bits.view(mx.float32)
-
-
-def _reference(gate, x):
-    from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
-
-    return mlx_lm_swiglu(gate, x)
+    return _silu_c(x, p, bits.view(mx.float32))
 
 
 def install() -> None:
     """Make every mlx-lm model module (loaded now or later) call `swiglu` above."""
-    global _original
     from mlx_lm.models import activations
 
-    if _original is None:
-        _original = activations.swiglu
     activations.swiglu = swiglu  # modules imported later take it from here
     for name, module in list(sys.modules.items()):
-        if name.startswith("mlx_lm.models.") and getattr(module, "swiglu", None) is _original:
+        if name.startswith("mlx_lm.models.") and getattr(module, "swiglu", None) is mlx_lm_swiglu:
             module.swiglu = swiglu
 
-
-def installed() -> bool:
-    return _original is not None
