@@ -34,7 +34,8 @@ def test_matches_mlx_for_every_mask(heads, kv_heads, queries, keys):
 
 def test_the_exponent_is_accurate_over_the_softmax_range():
     scores = mx.concatenate([mx.linspace(-120, 0, 100_000), mx.array([-mx.inf, 0.0])])[None]
-    got, want = cpu_attention.softmax(scores), mx.softmax(scores, axis=-1)
+    w = cpu_attention.weights(scores)
+    got, want = w / mx.sum(w, axis=-1, keepdims=True), mx.softmax(scores, axis=-1)
     assert mx.allclose(got, want, atol=1e-12, rtol=1e-5).item()
     assert got[0, -2].item() == 0.0  # a masked score weighs nothing
 
@@ -42,9 +43,34 @@ def test_the_exponent_is_accurate_over_the_softmax_range():
 def test_small_calls_and_sinks_use_mlx_kernel():
     q, k, v = _inputs(4, 2, 1, 1000)  # a decode step below FEW_FROM_KEYS
     assert mx.array_equal(cpu_attention.attention(q, k, v, scale=0.125), cpu_attention._mlx_attention(q, k, v, scale=0.125)).item()
-    q, k, v = _inputs(4, 2, 3, 100)  # a verify at short context: below SMALL
+    q, k, v = _inputs(4, 2, 20, 40)  # a short prefill chunk: fewer than SMALL scores
     assert mx.array_equal(cpu_attention.attention(q, k, v, scale=0.125, mask="causal"),
                           cpu_attention._mlx_attention(q, k, v, scale=0.125, mask="causal")).item()
+    q, k, v = _inputs(4, 2, 3, 100)
+    sinks = mx.zeros((4,))
+    assert mx.array_equal(cpu_attention.attention(q, k, v, scale=0.125, mask="causal", sinks=sinks),
+                          cpu_attention._mlx_attention(q, k, v, scale=0.125, mask="causal", sinks=sinks)).item()
+
+
+@pytest.mark.parametrize("queries,keys", [(3, 100), (5, 9), (16, 700), (2, 2), (4, 300)])
+def test_short_steps_take_the_vectorised_path(queries, keys, monkeypatch):
+    """Verifies and batched steps at any context below the few-row entry: values within fp32
+    rounding of MLX's kernel, for every mask kind a forward hands over (a batch's ragged mask, per
+    row)."""
+    taken = []
+    monkeypatch.setattr(cpu_attention, "vectorised", lambda *a: taken.append(1) or _vectorised(*a))
+    q, k, v = _inputs(4, 2, queries, keys, seed=3)
+    keep = mx.arange(keys)[None, :] <= mx.arange(keys - queries, keys)[:, None]
+    ragged = mx.broadcast_to(keep, (2, 1, queries, keys)) & (mx.arange(keys) < mx.array([keys, keys - 1]).reshape(2, 1, 1, 1) + mx.arange(queries).reshape(1, 1, queries, 1) + 1 - queries)
+    ragged = ragged | (mx.arange(keys) == 0)  # every query sees a key
+    for mask in ("causal", keep, ragged, mx.where(keep, 0.0, -1e9)):
+        want = cpu_attention._mlx_attention(q, k, v, scale=0.125, mask=mask)
+        got = cpu_attention.attention(q, k, v, scale=0.125, mask=mask)
+        assert mx.allclose(got, want, atol=2e-6, rtol=1e-5).item(), (type(mask), mx.max(mx.abs(got - want)).item())
+    assert taken
+
+
+_vectorised = cpu_attention.vectorised
 
 
 needs_kernel = pytest.mark.skipif(cpu_attention.kernel()[0] is None, reason=str(cpu_attention.kernel()[1]))

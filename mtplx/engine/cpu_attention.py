@@ -39,53 +39,75 @@ from mtplx import native_build
 
 _LOG2E = 1.4426950408889634
 _ROUND = 12582912.0  # 1.5 * 2**23: adding it rounds a float32 below 2**22 to an integer, in the low mantissa bits
-_BIAS_BITS = 0x4B400000  # the bit pattern of _ROUND itself
 # A masked score: finite, as MLX's kernel uses, so a query that sees no key (a batch row's left
 # padding) averages the values as there instead of giving NaN.
 _MASKED = float(mx.finfo(mx.float32).min)
 
 
-def _scaled_exponent(scores: mx.array) -> tuple[mx.array, mx.array]:
-    """e^(x - max) = 2^n * 2^f, n = round((x - max) log2 e), f in [-1/2, 1/2]: returns 2^f (a
-    degree-5 polynomial, relative error < 4e-7) and n + _ROUND, whose low mantissa bits hold n."""
+def _exponent_bits(scores: mx.array, c: mx.array) -> tuple[mx.array, mx.array]:
+    """e^(x - max) per row as 2^n * 2^f, with y = (x - max) * c in base 2 (c: the call's scale times
+    log2 e, so the scale costs no op of its own), n = round(y), f = y - n in [-1/2, 1/2]. Returns
+    2^f (a degree-5 polynomial, relative error < 4e-7) and the int32 bit pattern of 2^n."""
     # clamped where 2^n leaves the normal range: n = -127 builds exponent bits 0, a weight of exactly 0
-    y = mx.maximum((scores - mx.max(scores, axis=-1, keepdims=True)) * _LOG2E, -127.0)
-    t = y + _ROUND
-    f = y - (t - _ROUND)
+    y = mx.maximum((scores - mx.max(scores, axis=-1, keepdims=True)) * c, -127.0)
+    n = (y + _ROUND) - _ROUND
+    f = y - n
     p = 1.3333558e-3
     p = p * f + 9.6180883e-3
     p = p * f + 5.5504110e-2
     p = p * f + 2.4022650e-1
     p = p * f + 6.9314718e-1
-    return p * f + 1.0, t
+    return p * f + 1.0, (n.astype(mx.int32) + 127) << 23
 
 
-def _normalised(p: mx.array, scale: mx.array) -> mx.array:
-    e = p * scale
-    return e / mx.sum(e, axis=-1, keepdims=True)
+def _kept_exponent_bits(scores: mx.array, keep: mx.array, c: mx.array) -> tuple[mx.array, mx.array]:
+    return _exponent_bits(mx.where(keep, scores, _MASKED), c)
 
 
 # Shapeless: the key count grows by one every decode step and by a chunk every prefill chunk, and
-# a compile per shape would cost more than it saves. (A bit view cannot be traced shapeless, so
-# building 2^n in the exponent bits sits between the two compiled halves.)
-_exponent = mx.compile(_scaled_exponent, shapeless=True)
-_normalise = mx.compile(_normalised, shapeless=True)
+# a compile per shape would cost more than it saves. A bit view cannot be traced, so 2^n's bits
+# leave the first kernel and the second multiplies by them viewed as floats.
+_exponent = mx.compile(_exponent_bits, shapeless=True)
+_kept_exponent = mx.compile(_kept_exponent_bits, shapeless=True)
+_times = mx.compile(lambda p, power: p * power, shapeless=True)
 
 
-def softmax(scores: mx.array) -> mx.array:
-    p, t = _exponent(scores)
-    return _normalise(p, ((t.view(mx.int32) - _BIAS_BITS + 127) << 23).view(mx.float32))
+def weights(scores: mx.array, keep: mx.array | None = None, c: float = _LOG2E) -> mx.array:
+    """Unnormalised softmax weights e^((x - max) c / log2 e) over the last axis (0 where `keep` is
+    False, unless a row keeps nothing: then every weight is 1, as with MLX's kernel); the max weight
+    of a row is exactly 1."""
+    if scores.shape[-1] == 1:
+        # One key: its weight is 1. (MLX 0.32's shapeless compile corrupts the heap reducing an
+        # axis of size 1, so such rows never reach the compiled kernel.)
+        return mx.ones_like(scores)
+    p, bits = _exponent(scores, _constant(c)) if keep is None else _kept_exponent(scores, keep, _constant(c))
+    return _times(p, bits.view(mx.float32))
+
+
+@functools.lru_cache(maxsize=16)
+def _constant(c: float) -> mx.array:
+    return mx.array(c, dtype=mx.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal(queries: int, keys: int) -> mx.array:
+    """Query j (of the last `queries` positions) sees keys up to its own position; (1,1,1,L,S).
+    Every layer of a forward asks for the same shape: built once per forward, not per layer."""
+    keep = mx.arange(keys)[None, :] <= mx.arange(keys - queries, keys)[:, None]
+    return keep[None, None, None]
 
 
 _mlx_attention = mx.fast.scaled_dot_product_attention
-# Below this many scores per row MLX's kernel is as fast (a verify at short context, AR decode):
-# the exponent is not what such a call costs. Measured on one MKL thread (a verify's), 4 query
-# heads over 2 key heads: MLX / this at 3-4 queries over 400-900 keys 1.2-1.6x, over 100-200 keys
-# 0.3-1.0x; the crossover sits near 4k scores. At 16k (the first threshold) a verify over
-# 300-1,400 keys kept MLX's kernel: in one process, alternating, an MTP round at ~500 tokens of
-# context took 3.31 ms with it and 2.59 ms with this, a 4-row batch's round 8.21 and 6.71 ms.
+# Which calls the vectorised path takes (the rest keep MLX's kernel). Up to FEW_UP_TO queries (a
+# verify, a draft step, a short prefill chunk) it is as fast as MLX's kernel over 100 keys and
+# faster past that, and its rows' exponents are vectorised: side by side on one MKL thread, 4
+# queries over 200 / 500 keys 0.09 / 0.10 ms against MLX's 0.11 / 0.16, four rows of 4 queries
+# over 200 keys 0.14 against 0.24 (bench/attention.py). One query (an AR step, a draft) keeps
+# MLX's kernel: alone the vectorised call was as fast from ~300 keys on, but inside a decode step
+# its extra dispatches cost more than its exponents save (AR 0.92x at 600 keys, 0.96x at 1,500,
+# side by side in one process). Longer calls (prefill chunks) take it from SMALL scores: below,
+# the exponent is not what they cost.
 SMALL = 4096
-
 
 # Calls of more than KERNEL_FROM queries and at least KERNEL_SCORES scores, with no mask or a causal
 # one (prefill chunks), go to the C kernel (mtplx/native/attention.c): it fuses scores, softmax and
@@ -169,19 +191,52 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
     """Same contract as mx.fast.scaled_dot_product_attention (q: B, Hq, L, D; k, v: B, Hkv, S, D;
     mask "causal", a boolean keep-mask or an additive one, broadcastable to B, Hq, L, S)."""
     B, Hq, L, D = q.shape
-    if (L > KERNEL_FROM and Hq * L * k.shape[2] >= KERNEL_SCORES and _kernel_takes(q, k, v, mask, sinks, stream)
+    S = k.shape[2]
+    if (L > KERNEL_FROM and Hq * L * S >= KERNEL_SCORES and _kernel_takes(q, k, v, mask, sinks, stream)
             and (lib := kernel()[0]) is not None):
         if (out := _fused(lib, q, k, v, scale, mask is not None)) is not None:
             return out
-    if (FEW and L <= FEW_UP_TO and k.shape[2] >= FEW_FROM_KEYS and _kernel_takes(q, k, v, mask, sinks, stream)
+    if (FEW and L <= FEW_UP_TO and S >= FEW_FROM_KEYS and _kernel_takes(q, k, v, mask, sinks, stream)
             and (lib := kernel()[0]) is not None):
         if (out := _fused(lib, q, k, v, scale, mask is not None, few=True)) is not None:
             return out
-    if (L == 1 or Hq * L * k.shape[2] < SMALL or sinks is not None or stream is not None or q.dtype != mx.float32
-            or Hq % k.shape[1]):
+    if L == 1 or (L > FEW_UP_TO and Hq * L * S < SMALL) or sinks is not None or stream is not None or q.dtype != mx.float32 or Hq % k.shape[1]:
         kwargs = {"stream": stream} if stream is not None else {}
         return _mlx_attention(q, k, v, scale=scale, mask=mask, sinks=sinks, **kwargs)
-    return grouped(q, k, v, scale, mask, softmax)
+    return vectorised(q, k, v, scale, mask)
+
+
+def vectorised(q, k, v, scale, mask=None):
+    """Attention with a key group's query heads as the rows of one product with its keys (no key
+    broadcast per head), weights from `weights` (the mask and the scale inside its kernel) and the
+    normalisation after the product with the values (L x D divisions, not L x S)."""
+    B, Hq, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    rep = Hq // Hkv
+    scores = (q.reshape(B, Hkv, rep * L, D) @ k.swapaxes(-1, -2)).reshape(B, Hkv, rep, L, S)
+    c = scale * _LOG2E
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"unknown attention mask {mask!r}")
+        w = weights(scores, _causal(L, S), c)
+    elif mask is None:
+        w = weights(scores, None, c)
+    else:
+        grouped_mask = _grouped(mask, Hq, Hkv, rep)
+        if mask.dtype == mx.bool_:
+            w = weights(scores, grouped_mask, c)
+        else:  # additive: applied to the scaled scores, as MLX's kernel does
+            w = weights(scores * scale + grouped_mask.astype(scores.dtype), None, _LOG2E)
+    w = w.reshape(B, Hkv, rep * L, S)
+    out = (w @ v) / mx.sum(w, axis=-1, keepdims=True)
+    return out.reshape(B, Hq, L, v.shape[-1])  # MLA: values narrower than keys
+
+
+def _grouped(mask: mx.array, Hq: int, Hkv: int, rep: int) -> mx.array:
+    """A mask given for (…, Hq or 1, L or 1, S), laid out to broadcast over (B, Hkv, rep, L, S)."""
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape) if mask.ndim < 4 else mask
+    b, h, lq, s = mask.shape
+    return mask.reshape(b, Hkv, rep, lq, s) if h == Hq and Hq > 1 else mask[:, :, None]
 
 
 def grouped(q, k, v, scale, mask, normalise):
