@@ -98,16 +98,15 @@ def _causal(queries: int, keys: int) -> mx.array:
 
 
 _mlx_attention = mx.fast.scaled_dot_product_attention
-# Which calls the vectorised path takes (the rest keep MLX's kernel). Up to FEW_UP_TO queries (a
-# verify, a draft step, a short prefill chunk) it is as fast as MLX's kernel over 100 keys and
-# faster past that, and its rows' exponents are vectorised: side by side on one MKL thread, 4
-# queries over 200 / 500 keys 0.09 / 0.10 ms against MLX's 0.11 / 0.16, four rows of 4 queries
-# over 200 keys 0.14 against 0.24 (bench/attention.py). One query (an AR step, a draft) keeps
-# MLX's kernel: alone the vectorised call was as fast from ~300 keys on, but inside a decode step
-# its extra dispatches cost more than its exponents save (AR 0.92x at 600 keys, 0.96x at 1,500,
-# side by side in one process). Longer calls (prefill chunks) take it from SMALL scores: below,
-# the exponent is not what they cost.
+# Which calls the vectorised path takes (the rest keep MLX's kernel). From 2 to FEW_UP_TO queries
+# (a verify, a batch's verify, a short prefill chunk), at any context below the few-row entry: as
+# fast as MLX's kernel over 100 keys and faster past that (bench/verify_attention.py). One query
+# (an AR step, a draft) keeps MLX's kernel: alone the vectorised call was as fast from ~300 keys
+# on, but inside a decode step its extra dispatches cost more than its exponents save (AR 0.92x
+# at 600 keys, 0.96x at 1,500, side by side in one process). Longer calls (prefill chunks) take
+# it from SMALL scores: below, the exponent is not what they cost.
 SMALL = 4096
+SHORT = True  # False: 2-16-query calls keep MLX's kernel below the few-row entry (bench/verify_attention.py)
 
 # Calls of more than KERNEL_FROM queries and at least KERNEL_SCORES scores, with no mask or a causal
 # one (prefill chunks), go to the C kernel (mtplx/native/attention.c): it fuses scores, softmax and
@@ -200,7 +199,7 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
             and (lib := kernel()[0]) is not None):
         if (out := _fused(lib, q, k, v, scale, mask is not None, few=True)) is not None:
             return out
-    if L == 1 or (L > FEW_UP_TO and Hq * L * S < SMALL) or sinks is not None or stream is not None or q.dtype != mx.float32 or Hq % k.shape[1]:
+    if L == 1 or (L <= FEW_UP_TO and not SHORT) or (L > FEW_UP_TO and Hq * L * S < SMALL) or sinks is not None or stream is not None or q.dtype != mx.float32 or Hq % k.shape[1]:
         kwargs = {"stream": stream} if stream is not None else {}
         return _mlx_attention(q, k, v, scale=scale, mask=mask, sinks=sinks, **kwargs)
     return vectorised(q, k, v, scale, mask)
