@@ -10,8 +10,10 @@ MTP verify over k+1 positions. This version folds each key group's query heads i
 one GEMM against the group's keys (no broadcast), and takes the exponent as 2^n * p(f) from MLX's
 vectorised arithmetic (relative error < 4e-7). `python bench/attention.py` on this 2-core CPU with
 MKL, side by side: 16-64 queries over 1k-8k keys 2.0x, 5 over 2k 1.8x; on tiny-dense a 16-token
-prefill chunk at 2k / 8k tokens of context 1.54x / 1.68x, a 64-token one 1.39x / 1.82x. Calls with
-fewer than SMALL scores (AR decode, a verify at short context) keep MLX's kernel: as fast there.
+prefill chunk at 2k / 8k tokens of context 1.54x / 1.68x, a 64-token one 1.39x / 1.82x. A verify
+(2-16 queries) takes it at any context: MTP rounds 1.10-1.18x alone and 1.20-1.27x four rows at
+once on tiny-dense (bench/verify_attention.py). One-query calls (AR decode, a draft step) and
+short prefill chunks under SMALL scores keep MLX's kernel: as fast there.
 
 Big prefill chunks (more than KERNEL_FROM queries and KERNEL_SCORES scores, no mask or a causal
 one) go further, to a C kernel (mtplx/native/attention.c) that computes scores, softmax and values
@@ -21,9 +23,9 @@ takes, each row's bits are the same whatever call it came in. MTPLX_ATTENTION_KE
 the MLX path for them. The short steps at 2k+ keys take its entry for a few query rows (FEW_*).
 
 Installed only on the CPU backend with fp32 compute (the fast path): every attention call of the
-process then goes through it, so cold, restored, AR, MTP and batched paths all compute with the
-same function (the exactness tests hold on it). Sinks, other dtypes and one-query calls fall
-through to MLX's kernel.
+process then goes through it, so cold, restored, AR, MTP and batched paths all compute with one
+function for a given call shape (the exactness tests hold on it). Sinks, other dtypes and
+one-query calls below the few-row entry fall through to MLX's kernel.
 """
 
 from __future__ import annotations
