@@ -224,3 +224,24 @@ def test_the_engine_invariants_hold_with_the_few_row_entry_on_every_short_step(e
     ar = _run(engine, prompt, use_mtp=False)
     mtp = _run(engine, prompt, use_mtp=True, depth=3)
     assert mtp.token_ids == ar.token_ids and any(taken)
+
+
+def test_masks_it_keeps_serve_every_engine_thread():
+    """The causal masks cached across calls are data: a lazy one would belong to the stream of the
+    thread that built it, and the next engine's thread could not compute it (MLX raised, or aborted)."""
+    import threading
+
+    results = []
+
+    def verify():
+        with mx.stream(mx.new_stream(mx.cpu)):
+            q, k, v = _inputs(4, 2, 3, 40, seed=5)
+            got = cpu_attention.attention(q, k, v, scale=0.125, mask="causal")
+            results.append(mx.allclose(got, cpu_attention._mlx_attention(q, k, v, scale=0.125, mask="causal"),
+                                       atol=2e-6, rtol=1e-5).item())
+
+    for _ in range(2):
+        thread = threading.Thread(target=verify)
+        thread.start()
+        thread.join()
+    assert results == [True, True]

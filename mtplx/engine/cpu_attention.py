@@ -94,9 +94,11 @@ def _constant(c: float) -> mx.array:
 @functools.lru_cache(maxsize=8)
 def _causal(queries: int, keys: int) -> mx.array:
     """Query j (of the last `queries` positions) sees keys up to its own position; (1,1,1,L,S).
-    Every layer of a forward asks for the same shape: built once per forward, not per layer."""
-    keep = mx.arange(keys)[None, :] <= mx.arange(keys - queries, keys)[:, None]
-    return keep[None, None, None]
+    Every layer of a forward asks for the same shape: built once per forward, not per layer. Built
+    on the host, as data: a lazy array kept here would belong to the stream of the thread that
+    made it, and another engine's thread could not compute it."""
+    keep = np.arange(keys)[None, :] <= np.arange(keys - queries, keys)[:, None]
+    return mx.array(keep[None, None, None])
 
 
 _mlx_attention = mx.fast.scaled_dot_product_attention
