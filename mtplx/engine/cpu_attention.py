@@ -203,7 +203,8 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
             and (lib := kernel()[0]) is not None):
         if (out := _fused(lib, q, k, v, scale, mask is not None, few=True)) is not None:
             return out
-    if L == 1 or (L <= FEW_UP_TO and not SHORT) or (L > FEW_UP_TO and Hq * L * S < SMALL) or sinks is not None or stream is not None or q.dtype != mx.float32 or Hq % k.shape[1]:
+    mlx_kernel = L == 1 or (L <= FEW_UP_TO and not SHORT) or (L > FEW_UP_TO and Hq * L * S < SMALL)
+    if mlx_kernel or sinks is not None or stream is not None or q.dtype != mx.float32 or Hq % k.shape[1]:
         kwargs = {"stream": stream} if stream is not None else {}
         return _mlx_attention(q, k, v, scale=scale, mask=mask, sinks=sinks, **kwargs)
     return vectorised(q, k, v, scale, mask)
