@@ -120,8 +120,9 @@ def main() -> None:
     for name in args.models:
         engine = Engine(resolve(name), EngineConfig(use_mtp=True), name=name).start()
         try:
-            if engine.runner.checkpoint.extras.get("compute", "").startswith("cpu fp32") is False:
-                print(f"{name}: not on the CPU fp32 path ({engine.runner.checkpoint.extras.get('compute')}): nothing to compare")
+            compute = str(engine.runner.checkpoint.extras.get("compute"))
+            if not compute.startswith("cpu fp32"):
+                print(f"{name}: not on the CPU fp32 path ({compute}): nothing to compare")
                 continue
             print(f"\n{name}: the call alone (median ms, MLX / vectorised)")
             for label, t in calls(engine, 200):
