@@ -13,6 +13,7 @@ from mtplx.state import snapshot
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import Sampler, SamplingParams, probabilities
 from mtplx.engine.speculation import accept_drafts
+from mtplx.events import PrefillProgress
 from mtplx.synth.agent import Sizes, conversation
 from mtplx.synth.corpus import Corpus
 
@@ -136,5 +137,35 @@ def test_a_first_token_that_shows_nothing_leads_with_plain_steps(engine, tokeniz
             before_drafts.extend(event.token_ids)
     first = next(e for e in events if isinstance(e, Tokens))
     assert first.token_ids == ar.token_ids[:1] and not first.pieces  # it showed the client nothing
-    assert len(before_drafts) == HIDDEN_LEAD + 1  # the first token, then the plain steps
+    chunks = sum(isinstance(e, PrefillProgress) for e in events)
+    # the first token, the plain steps, then (a prompt of several chunks) the head's catch-up steps
+    assert HIDDEN_LEAD + 1 <= len(before_drafts) <= HIDDEN_LEAD + 1 + chunks - 1
+    assert events[-1].stats.verify_calls > 0 and events[-1].stats.mtp_prefill_s > 0
+
+
+def test_a_long_prompts_head_kv_catches_up_between_plain_steps(engine, tokenizer):
+    """After a prompt of several prefill chunks, the MTP head's prompt KV is computed a chunk at a
+    time with a plain step between (the stream never stops for all of it), then drafting starts;
+    the output is still exactly AR greedy's."""
+    from mtplx.events import DraftVerified, Tokens
+
+    from mtplx.engine.generation import HIDDEN_LEAD
+
+    text = " ".join(f"step {i}: read the file, run the tests, write down what failed." for i in range(120))
+    prompt = tuple(render(tokenizer, [{"role": "user", "content": text}], None))
+    ar = _run(engine, prompt, use_mtp=False, max_tokens=40)
+    events = list(engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=40), use_mtp=True, depth=2)))
+    assert events[-1].token_ids == ar.token_ids
+    chunks = sum(isinstance(e, PrefillProgress) for e in events)
+    assert chunks > 2
+    before_drafts = []  # (token, whether its event showed the client anything)
+    for event in events:
+        if isinstance(event, DraftVerified):
+            break
+        if isinstance(event, Tokens):
+            before_drafts += [(token, bool(event.pieces)) for token in event.token_ids]
+    shown_at = next((i for i, (_, shown) in enumerate(before_drafts) if shown), len(before_drafts))
+    lead = min(HIDDEN_LEAD, shown_at)  # a first token that shows nothing leads with plain steps
+    # then at least one plain step while the head's KV catches up, at most one per chunk past the first
+    assert 1 + lead + 1 <= len(before_drafts) <= 1 + lead + chunks - 1
     assert events[-1].stats.verify_calls > 0 and events[-1].stats.mtp_prefill_s > 0

@@ -45,6 +45,8 @@ ONE_THREAD_UP_TO = 64
 # At most this many plain steps after a first token that shows the client nothing, before the MTP
 # head's prompt KV is computed (first_token): enough for `<think>` + newline.
 HIDDEN_LEAD = 2
+CATCH_UP_STEPS = 8  # plain steps' worth of the MTP head's prompt KV computed between two plain steps
+CATCH_UP = True  # False: that KV in one go after the first token (bench/head_catch_up.py's other arm)
 SCORE_BLOCK = 256  # prompt positions scored per logits block (request.prompt_logprobs)
 
 
@@ -106,6 +108,9 @@ class Generation:
         # chunk's hiddens when the MTP head's prompt KV is computed, which computes them anyway.
         self.hidden_at: dict[int, mx.array] = {}
         self.eager_mtp = request.source == "render_ahead"  # the MTP head's KV with each prefill chunk
+        # Otherwise that KV stays lazy until the first token is out; these are its keys and values
+        # per prefill chunk, so first_token can compute them a chunk at a time.
+        self.head_chunks: list[tuple[mx.array, mx.array]] = []
         self.last: int | None = None  # generated, not yet fed to the trunk (AR decoding)
         self._t0 = 0.0  # when decoding began (perf_counter)
 
@@ -213,7 +218,9 @@ class Generation:
             if state.mtp_pending is not None:
                 pairs, first, state.mtp_pending = mx.concatenate([state.mtp_pending, pairs], axis=1), begin, None
             if pairs.shape[1]:
-                self.runner.extend_head(pairs, prompt[first : first + pairs.shape[1]], state.mtp)
+                appended = self.runner.extend_head(pairs, prompt[first : first + pairs.shape[1]], state.mtp)
+                if not self.eager_mtp:
+                    self.head_chunks.append(appended)
         # Only the caches must exist now. The trunk's output over the chunk feeds the MTP head's
         # KV, which stays lazy until the first draft (after the first token is out); of the last
         # chunk, the final position samples that token. Not forcing the rest skips the last
@@ -284,12 +291,32 @@ class Generation:
             tokens.append(token)
             hiddens.append(hidden)
             shown = yield from self._emit_shown(tokens[-1:])
+        # A long prompt's head KV computed in one go would stop the stream for all of it (~70 ms
+        # after a 3k-token prompt on the embedded models; a real model's last layer over a long
+        # prompt takes far longer). So it is computed in stretches of whole prefill chunks worth
+        # about CATCH_UP_STEPS plain steps, with a plain step between: tokens keep coming while it
+        # catches up, and the plain steps (slower per token than drafting) stay few. The last
+        # chunk goes with the rest, straight into drafting.
+        step_s = 0.0
+        while CATCH_UP and lazy_head and len(self.head_chunks) > 1 and self.finish_reason is None:
+            t = time.perf_counter()
+            mx.eval(self.head_chunks.pop(0))
+            while len(self.head_chunks) > 1 and time.perf_counter() - t < CATCH_UP_STEPS * step_s:
+                mx.eval(self.head_chunks.pop(0))
+            self.stats.mtp_prefill_s += time.perf_counter() - t
+            t = time.perf_counter()
+            token, hidden = self._ar_step(tokens[-1])
+            step_s = time.perf_counter() - t
+            tokens.append(token)
+            hiddens.append(hidden)
+            yield from self._emit(tokens[-1:])
         if lazy_head and self.finish_reason is None:
             # Computed now, timed on its own, so decode speed means decoding.
             t = time.perf_counter()
             mx.eval(self.state.mtp.state, list(self.hidden_at.values()))
-            self.stats.mtp_prefill_s = time.perf_counter() - t
+            self.stats.mtp_prefill_s += time.perf_counter() - t
             self._t0 += self.stats.mtp_prefill_s
+        self.head_chunks = []
         if self.use_mtp:
             pending = hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
             predicted = Prediction(self.request.prediction) if self.request.prediction else None

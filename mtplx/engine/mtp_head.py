@@ -54,17 +54,18 @@ class MTPHead(nn.Module):
         x = self.layers[0](x, create_attention_mask(x, cache, return_array=self.array_mask), cache)
         return self.norm(x)
 
-    def extend(self, hidden: mx.array, next_embeds: mx.array, cache) -> None:
+    def extend(self, hidden: mx.array, next_embeds: mx.array, cache) -> tuple[mx.array, mx.array]:
         """Append the head layer's keys and values for these pairs to `cache`, and nothing else.
         Of a prompt position only its keys and values are ever read (drafting starts after the
         prompt), and with one decoder layer they depend on that position's input alone: the
         layer's attention over the context and its MLP are never built. The cache ends
         bit-identical to a full call's. (The trunk's last layer over the prompt, which the head's
-        input needs, is still computed: that is most of the deferred MTP prefill left.)"""
+        input needs, is still computed: that is most of the deferred MTP prefill left.) Returns the
+        keys and values appended (lazy): computing them is that work, the cache's write aside."""
         try:
             self.layers[0](self._input(hidden, next_embeds), None, _KeysOnly(cache))
-        except _KeysStored:
-            return
+        except _KeysStored as stored:
+            return stored.keys, stored.values
         raise RuntimeError(f"the MTP layer {type(self.layers[0]).__name__} never wrote its cache")
 
     def _input(self, hidden: mx.array, next_embeds: mx.array) -> mx.array:
@@ -73,6 +74,10 @@ class MTPHead(nn.Module):
 
 class _KeysStored(Exception):
     """The head layer's keys and values are in the cache: the rest of its forward is not wanted."""
+
+    def __init__(self, keys: mx.array, values: mx.array):
+        super().__init__()
+        self.keys, self.values = keys, values
 
 
 class _KeysOnly:
@@ -88,7 +93,7 @@ class _KeysOnly:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         self._cache.update_and_fetch(keys, values)
-        raise _KeysStored
+        raise _KeysStored(keys, values)
 
 
 def build_mtp_head(model_type: str, args, text_args) -> MTPHead:

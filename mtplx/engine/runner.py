@@ -166,10 +166,11 @@ class ModelRunner:
             return mx.take_along_axis(out, last[:, None, None], axis=1)
         return out[:, -1:, :] if last else out
 
-    def extend_head(self, hidden: mx.array, next_tokens: list[int] | mx.array, mtp_cache: KVCache) -> None:
+    def extend_head(self, hidden: mx.array, next_tokens: list[int] | mx.array, mtp_cache: KVCache) -> tuple:
         """The MTP head's cache over (hidden[t], token[t+1]) pairs whose outputs nobody reads (a
-        prompt's): keys and values only, as a full `draft_hidden` would leave them."""
-        self.mtp.extend(hidden, self.embed(next_tokens), mtp_cache)
+        prompt's): keys and values only, as a full `draft_hidden` would leave them. Returns the
+        appended keys and values (lazy)."""
+        return self.mtp.extend(hidden, self.embed(next_tokens), mtp_cache)
 
     def step_logits(self, tokens: list[int], cache: list) -> tuple[mx.array, mx.array]:
         """An autoregressive step: the last position's logits after feeding `tokens`, evaluated,
