@@ -45,7 +45,9 @@ ONE_THREAD_UP_TO = 64
 # At most this many plain steps after a first token that shows the client nothing, before the MTP
 # head's prompt KV is computed (first_token): enough for `<think>` + newline.
 HIDDEN_LEAD = 2
-CATCH_UP_STEPS = 8  # plain steps' worth of the MTP head's prompt KV computed between two plain steps
+# Prompt tokens of the MTP head's KV computed between two plain steps while it catches up. A count,
+# not a time: every run, and every rank of a sharded model, must take the same steps.
+CATCH_UP_TOKENS = 1024
 CATCH_UP = True  # False: that KV in one go after the first token (bench/head_catch_up.py's other arm)
 SCORE_BLOCK = 256  # prompt positions scored per logits block (request.prompt_logprobs)
 
@@ -293,20 +295,18 @@ class Generation:
             shown = yield from self._emit_shown(tokens[-1:])
         # A long prompt's head KV computed in one go would stop the stream for all of it (~70 ms
         # after a 3k-token prompt on the embedded models; a real model's last layer over a long
-        # prompt takes far longer). So it is computed in stretches of whole prefill chunks worth
-        # about CATCH_UP_STEPS plain steps, with a plain step between: tokens keep coming while it
-        # catches up, and the plain steps (slower per token than drafting) stay few. The last
-        # chunk goes with the rest, straight into drafting.
-        step_s = 0.0
+        # prompt takes far longer). So it is computed in stretches of whole prefill chunks of about
+        # CATCH_UP_TOKENS, with a plain step between: tokens keep coming while it catches up, and
+        # the plain steps (slower per token than drafting) stay few. The last chunk goes with the
+        # rest, straight into drafting.
         while CATCH_UP and lazy_head and len(self.head_chunks) > 1 and self.finish_reason is None:
-            t = time.perf_counter()
-            mx.eval(self.head_chunks.pop(0))
-            while len(self.head_chunks) > 1 and time.perf_counter() - t < CATCH_UP_STEPS * step_s:
-                mx.eval(self.head_chunks.pop(0))
+            t, done = time.perf_counter(), 0
+            while len(self.head_chunks) > 1 and done < CATCH_UP_TOKENS:
+                keys, values = self.head_chunks.pop(0)
+                mx.eval(keys, values)
+                done += keys.shape[-2]
             self.stats.mtp_prefill_s += time.perf_counter() - t
-            t = time.perf_counter()
             token, hidden = self._ar_step(tokens[-1])
-            step_s = time.perf_counter() - t
             tokens.append(token)
             hiddens.append(hidden)
             yield from self._emit(tokens[-1:])
