@@ -311,11 +311,10 @@ class Generation:
             hiddens.append(hidden)
             yield from self._emit(tokens[-1:])
         if lazy_head and self.finish_reason is None:
-            # Computed now, timed on its own, so decode speed means decoding.
             t = time.perf_counter()
             mx.eval(self.state.mtp.state, list(self.hidden_at.values()))
             self.stats.mtp_prefill_s += time.perf_counter() - t
-            self._t0 += self.stats.mtp_prefill_s
+        self._t0 += self.stats.mtp_prefill_s  # timed on its own, so decode speed means decoding
         self.head_chunks = []
         if self.use_mtp:
             pending = hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
