@@ -1,10 +1,12 @@
 """The small-row kernel on and off, side by side in one process: AR, MTP and several sessions at once.
 
     python bench/small_gemm.py [--models tiny-dense tiny-hybrid] [--depth 3] [--rounds 6] [--tokens 160] [--sessions 4]
-                               [--compare kernel|threads]
+                               [--compare kernel|threads|wide]
 
 `--compare threads` keeps the kernel on and switches its helper thread instead (big products
-shared in column chunks, small_gemm.set_threads).
+shared in column chunks, small_gemm.set_threads); `--compare wide` switches between its AVX-512
+and AVX2 tiles (small_gemm.set_wide; only where it was built with AVX-512; other bits, so on == off
+token for token is not expected there).
 
 mtplx/small_gemm.py puts a C sgemm for 1-32 rows ahead of MKL. Its switch (small_gemm.set_enabled)
 hands those products back to MKL, so both arms run on one engine and one set of weights. Rounds
@@ -52,6 +54,8 @@ def measure(model: str, args) -> None:
         def switch(on: bool) -> None:
             if args.compare == "threads":
                 small_gemm.set_threads(fast_path.KERNEL, on)
+            elif args.compare == "wide":
+                small_gemm.set_wide(fast_path.KERNEL, on)
             else:
                 small_gemm.set_enabled(fast_path.KERNEL, on)
 
@@ -71,6 +75,7 @@ def measure(model: str, args) -> None:
                 speeds.setdefault((on, "together"), []).append(run(engine, batch, args.tokens)[0])
         small_gemm.set_enabled(fast_path.KERNEL, True)
         small_gemm.set_threads(fast_path.KERNEL, small_gemm.threads_wanted())
+        small_gemm.set_wide(fast_path.KERNEL, small_gemm.wide())
         med = {k: statistics.median(v) for k, v in speeds.items()}
         print(f"{model}: depth {args.depth}, {args.tokens} greedy tokens, medians of {args.rounds} rounds "
               f"({len(singles)} prompts per round for one sequence)")
@@ -95,11 +100,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--sessions", type=int, default=4)
-    ap.add_argument("--compare", choices=["kernel", "threads"], default="kernel",
-                    help="what the two arms switch: the kernel itself, or its helper thread (kernel on)")
+    ap.add_argument("--compare", choices=["kernel", "threads", "wide"], default="kernel",
+                    help="what the two arms switch: the kernel itself, its helper thread (kernel on), "
+                         "or its AVX-512 tiles against its AVX2 ones")
     args = ap.parse_args()
     if fast_path.KERNEL is None:
         sys.exit(f"the small-row kernel is not active here: {fast_path.activate().kernel_reason}")
+    if args.compare == "wide" and not small_gemm.wide():
+        sys.exit("the small-row kernel has no AVX-512 tiles here (an AVX2-only CPU, or MTPLX_AVX512=off)")
     for model in args.models:
         measure(model, args)
 

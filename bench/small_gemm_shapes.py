@@ -6,9 +6,11 @@ For each weight shape (N x K, as MLX's Linear hands it to cblas_sgemm: x @ W.T) 
 the best of `--reps` timings of a burst of calls through the kernel on one thread, the kernel with
 its helper thread (as mtplx runs it on two cores or more) and MKL's own cblas_sgemm on one thread
 (as decoding runs it: engine/compute.blas_threads), in turn, in one process (the weights stay warm
-in cache, as they do between the layers of a tiny model). Prints microseconds per product, the
-kernel's GFLOP/s and its ratios, and its cost at M rows over its cost at one row: what a verify
-over M = k + 1 tokens pays in matmul next to a decode step. Asserts nothing.
+in cache, as they do between the layers of a tiny model). Where the kernel was built with its
+AVX-512 tiles, the same kernel with its AVX2 tiles on one thread too (`avx2 us`, and `avx2/wide`:
+how much the sixteen lanes save). Prints microseconds per product, the kernel's GFLOP/s and its
+ratios, and its cost at M rows over its cost at one row: what a verify over M = k + 1 tokens pays
+in matmul next to a decode step. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from mtplx import fast_path  # noqa: E402
+from mtplx import fast_path, small_gemm  # noqa: E402
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # (N, K): attention q/o, k/v, MLP gate/up, MLP down, a GatedDeltaNet in_proj_qkv, the LM head.
@@ -62,17 +64,21 @@ def main() -> None:
     threads = ctypes.c_int.in_dll(fast_path.KERNEL, "mtplx_small_threads")
     helper = threads.value
 
-    def alone(*a):
+    def alone(*a, wide=True):
         threads.value = 0
+        small_gemm.set_wide(fast_path.KERNEL, wide and small_gemm.wide())
         try:
             return timed(kernel, *a)
         finally:
             threads.value = helper
+            small_gemm.set_wide(fast_path.KERNEL, small_gemm.wide())
 
     rng = np.random.default_rng(0)
-    print(f"helper thread {'on' if helper else 'off (MTPLX_SMALL_GEMM_THREADS or one core)'}; MKL on one thread")
+    wide = small_gemm.wide()
+    print(f"{small_gemm.name()}; helper thread {'on' if helper else 'off (MTPLX_SMALL_GEMM_THREADS or one core)'}; "
+          "MKL on one thread")
     print(f"{'N x K':>10} {'M':>3} {'1 thread us':>11} {'helper us':>9} {'GFLOP/s':>8} {'MKL us':>8} "
-          f"{'helper/1':>8} {'kernel/MKL':>10} {'cost / M=1':>10}")
+          f"{'helper/1':>8} {'kernel/MKL':>10} {'cost / M=1':>10}" + (f" {'avx2 us':>8} {'avx2/wide':>9}" if wide else ""))
     for n, k in SHAPES:
         w = rng.standard_normal((n, k)).astype(np.float32)
         one = None
@@ -80,14 +86,17 @@ def main() -> None:
             x = rng.standard_normal((m, k)).astype(np.float32)
             c = np.empty((m, n), np.float32)
             ptrs = (x.ctypes.data, w.ctypes.data, c.ctypes.data)
-            single = mine = theirs = float("inf")
-            for _ in range(2):  # in turn, so a slow moment hits all three
+            single = mine = theirs = narrow = float("inf")
+            for _ in range(2):  # in turn, so a slow moment hits all of them
                 single = min(single, alone(m, n, k, *ptrs, args.reps))
                 mine = min(mine, timed(kernel, m, n, k, *ptrs, args.reps))
                 theirs = min(theirs, timed(mkl, m, n, k, *ptrs, args.reps))
+                if wide:
+                    narrow = min(narrow, alone(m, n, k, *ptrs, args.reps, wide=False))
             one = mine if m == args.rows[0] else one
             print(f"{f'{n} x {k}':>10} {m:>3} {single * 1e6:11.1f} {mine * 1e6:9.1f} {2 * m * n * k / mine / 1e9:8.1f} "
-                  f"{theirs * 1e6:8.1f} {mine / single:8.2f} {mine / theirs:10.2f} {mine / one:10.2f}")
+                  f"{theirs * 1e6:8.1f} {mine / single:8.2f} {mine / theirs:10.2f} {mine / one:10.2f}"
+                  + (f" {narrow * 1e6:8.1f} {narrow / single:9.2f}" if wide else ""))
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def predicted() -> str:
     if _unavailable() is not None:
         path = "cpu fp32 reference blas"
     else:
-        path = "cpu fp32 + mkl" + (" + small-row kernel" if small_gemm.unavailable() is None else "")
+        path = "cpu fp32 + mkl" + (f" + {small_gemm.name()}" if small_gemm.unavailable() is None else "")
     path += " + attention kernel" if native_build.attention_unavailable() is None else ""
     return path + (" + vector silu" if vector_silu_wanted() else "")
 
@@ -186,7 +186,7 @@ def label(on_cpu: bool, dtype: str, blas: Blas) -> str:
         return "metal" if sys.platform == "darwin" else "gpu"
     if blas.kind != "mkl":
         return f"cpu {dtype} reference blas"
-    return f"cpu {dtype} + mkl" + (" + small-row kernel" if blas.kernel else "")
+    return f"cpu {dtype} + mkl" + (f" + {small_gemm.name()}" if blas.kernel else "")
 
 
 def rows_bitwise(blas: Blas) -> bool:

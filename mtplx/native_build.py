@@ -2,14 +2,15 @@
 user's cache, loaded with ctypes.
 
 A wheel of prebuilt binaries would need one per CPU and platform; these are a few hundred lines
-each, so the machine that runs them compiles them (AVX2 + FMA, ~1 s) the first time they are
-wanted. A missing compiler or CPU feature only means the kernel is not used; the caller says why.
+each, so the machine that runs them compiles them (AVX2 + FMA, and AVX-512 for a kernel with a
+path for it where the CPU has it; ~1 s) the first time they are wanted. A missing compiler or CPU feature only means the kernel is not used; the caller says why.
 Never imports MLX.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -20,7 +21,9 @@ import tempfile
 from pathlib import Path
 
 NATIVE = Path(__file__).with_name("native")
+WIDE_ENV = "MTPLX_AVX512"  # off: kernels with an AVX-512 path are built for AVX2 only
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared")
+WIDE = ("-mavx512f",)  # added for a kernel written for it too, where this CPU has it (its #if picks the path)
 
 
 def switched_on(env: str) -> bool:
@@ -32,11 +35,16 @@ def compiler() -> str | None:
 
 
 def cpu_has(*features: str) -> bool:
+    return set(features) <= _cpu_flags()
+
+
+@functools.cache
+def _cpu_flags() -> frozenset:
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
-        return False
-    return set(features) <= set(flags.split(":", 1)[1].split())
+        return frozenset()
+    return frozenset(flags.split(":", 1)[1].split())
 
 
 def cache_dir() -> Path:
@@ -53,9 +61,14 @@ def cache_dir() -> Path:
 class Kernel:
     """One C source of mtplx/native, the flags and libraries it is built with."""
 
-    def __init__(self, name: str, libs: tuple[str, ...] = ()):
-        self.name, self.libs = name, libs
+    def __init__(self, name: str, libs: tuple[str, ...] = (), wide: bool = False):
+        self.name, self.libs, self.wide = name, libs, wide
         self.source = NATIVE / f"{name}.c"
+
+    def flags(self) -> tuple[str, ...]:
+        """FLAGS, and AVX-512 for a kernel that has a path for it on a CPU that has it."""
+        wide = self.wide and switched_on(WIDE_ENV) and cpu_has("avx512f")
+        return FLAGS + (WIDE if wide else ())
 
     def unavailable(self) -> str | None:
         """Why it cannot run here (None: it can, built or buildable)."""
@@ -67,7 +80,7 @@ class Kernel:
 
     def built(self) -> Path:
         """Where this source, built with these flags, lives (the name changes when either does)."""
-        digest = hashlib.sha256(self.source.read_bytes() + " ".join(FLAGS + self.libs).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(self.source.read_bytes() + " ".join(self.flags() + self.libs).encode()).hexdigest()[:16]
         return cache_dir() / f"{self.name}-{digest}.so"
 
     def build(self) -> Path:
@@ -80,7 +93,7 @@ class Kernel:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            subprocess.run([compiler() or "cc", *FLAGS, "-o", tmp, str(self.source), *self.libs], check=True,
+            subprocess.run([compiler() or "cc", *self.flags(), "-o", tmp, str(self.source), *self.libs], check=True,
                            capture_output=True, timeout=120)
             os.replace(tmp, target)
         finally:

@@ -7,7 +7,9 @@ side by side in one process it made MTP decode ~1.4x and AR ~1.2x faster (bench/
 Its sums run in one fixed order whatever the row count, so a row's result is the same alone, in
 a verify or in a batch.
 
-How: compiled once per machine with the system C compiler (AVX2 + FMA) into the user's cache,
+How: compiled once per machine with the system C compiler (AVX2 + FMA, and AVX-512 where the CPU
+has it: sixteen lanes per dot product, twice the multiply-adds per cycle on a full-width core) into
+the user's cache,
 loaded with RTLD_GLOBAL before MKL, so `cblas_sgemm` in MLX resolves to it; calls it does not take
 go on to MKL's `cblas_sgemm`. A missing compiler or CPU feature leaves MKL alone, with the reason
 in `Blas.kernel_reason`. Never imports MLX. MTPLX_SMALL_GEMM=off turns it off.
@@ -27,7 +29,7 @@ from mtplx import native_build
 ENV = "MTPLX_SMALL_GEMM"
 THREADS_ENV = "MTPLX_SMALL_GEMM_THREADS"
 SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"  # how long the idle helper polls before it sleeps (default 2000)
-BUILD = native_build.Kernel("small_gemm", libs=("-ldl", "-lpthread"))  # dlsym, the helper thread
+BUILD = native_build.Kernel("small_gemm", libs=("-ldl", "-lpthread"), wide=True)  # dlsym, the helper thread
 
 
 def wanted() -> bool:
@@ -65,6 +67,22 @@ def spin_ns() -> int | None:
         return max(0, int(float(os.environ.get(SPIN_ENV, "").strip()) * 1000))
     except (ValueError, OverflowError):
         return None
+
+
+def wide() -> bool:
+    """Is the kernel built here with its AVX-512 tiles (MTPLX_AVX512=off or an AVX2-only CPU: no)?"""
+    return "-mavx512f" in BUILD.flags()
+
+
+def name() -> str:
+    """How /health and `mtplx models` name it: the tiles' width sets the bits of every product."""
+    return "small-row kernel" + (" (avx-512)" if wide() else "")
+
+
+def set_wide(kernel: ctypes.CDLL, on: bool) -> None:
+    """In an AVX-512 build, its sixteen-lane tiles (True) or the AVX2 ones (False), for side-by-side
+    runs. The two sum in other orders, so their bits differ; each is the same for any row count."""
+    ctypes.c_int.in_dll(kernel, "mtplx_small_wide").value = 1 if on else 0
 
 
 def threads_wanted() -> bool:

@@ -60,7 +60,7 @@ def test_a_loaded_model_reports_and_uses_the_fast_path():
             "  'dtype': str(ck.model.model.embed_tokens.weight.dtype), 'salted': ck.identity != model_identity(ck.path)}))")
     fast = _run(code)
     # libmkl_core is mapped only once MKL served a call: the model's matmuls reached it.
-    kernel = " + small-row kernel" if small_gemm.unavailable() is None else ""
+    kernel = f" + {small_gemm.name()}" if small_gemm.unavailable() is None else ""
     kernel += " + attention kernel" if native_build.attention_unavailable() is None else ""
     kernel += " + vector silu" if fast_path.vector_silu_wanted() else ""
     assert fast == {"compute": "cpu fp32 + mkl" + kernel, "mkl_mapped": True, "dtype": "mlx.core.float32", "salted": True}

@@ -33,9 +33,20 @@ def _small(x: np.ndarray, w: np.ndarray, alpha=1.0, beta=0.0, c: np.ndarray | No
     return c
 
 
-@pytest.mark.parametrize("k", [8, 9, 64, 257])
+# Both tile widths where the kernel was built with AVX-512 (set_wide switches them), else AVX2's.
+WIDTHS = [False, True] if small_gemm.wide() else [False]
+
+
+@pytest.fixture(params=WIDTHS, ids=lambda w: "avx512" if w else "avx2")
+def width(request):
+    small_gemm.set_wide(fast_path.KERNEL, request.param)
+    yield request.param
+    small_gemm.set_wide(fast_path.KERNEL, small_gemm.wide())
+
+
+@pytest.mark.parametrize("k", [8, 9, 15, 16, 17, 64, 257])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 130])
-def test_products_are_right_for_any_shape_and_stride(n, k):
+def test_products_are_right_for_any_shape_and_stride(n, k, width):
     rng = np.random.default_rng(n * 1000 + k)
     wide_x = rng.standard_normal((16, k + 5)).astype(np.float32)  # rows longer than K: lda > K
     wide_w = rng.standard_normal((n, k + 3)).astype(np.float32)
@@ -46,13 +57,33 @@ def test_products_are_right_for_any_shape_and_stride(n, k):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-def test_a_rows_result_does_not_depend_on_the_other_rows():
+@pytest.mark.parametrize("k", [300, 256, 13])  # a masked last step of the wide tiles, none, only one
+def test_a_rows_result_does_not_depend_on_the_other_rows(k, width):
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((32, 300)).astype(np.float32)
-    w = rng.standard_normal((50, 300)).astype(np.float32)
+    x = rng.standard_normal((32, k)).astype(np.float32)
+    w = rng.standard_normal((50, k)).astype(np.float32)
     alone = np.concatenate([_small(x[i:i + 1], w) for i in range(32)])
     for m in range(1, 33):  # a decode step, a verify of k + 1 tokens, a batch of rows x tokens
         assert np.array_equal(_small(x[:m], w), alone[:m])
+        # every output column sums alike whichever tile it lands in (columns 0.. and a narrow last tile)
+        assert np.array_equal(_small(x[:m], w[7:]), alone[:m, 7:])
+
+
+@pytest.mark.skipif(not small_gemm.wide(), reason="the kernel has no AVX-512 tiles here")
+def test_the_wide_tiles_run_where_the_cpu_has_them():
+    """Built with AVX-512 on a CPU that has it, the sixteen-lane tiles are the default, and their
+    sums differ from the AVX2 tiles' only by rounding."""
+    assert ctypes.c_int.in_dll(fast_path.KERNEL, "mtplx_small_wide").value == 1
+    rng = np.random.default_rng(11)
+    x, w = rng.standard_normal((5, 640)).astype(np.float32), rng.standard_normal((64, 640)).astype(np.float32)
+    wide = _small(x, w)
+    small_gemm.set_wide(fast_path.KERNEL, False)
+    try:
+        narrow = _small(x, w)
+    finally:
+        small_gemm.set_wide(fast_path.KERNEL, True)
+    np.testing.assert_allclose(wide, narrow, rtol=1e-5, atol=1e-4)
+    assert not np.array_equal(wide, narrow)  # other summation orders: the switch really switched
 
 
 def test_alpha_and_beta():
@@ -89,7 +120,7 @@ def test_mlx_matmuls_run_through_it_and_the_switch_hands_them_back():
     finally:
         small_gemm.set_enabled(fast_path.KERNEL, True)
     assert mx.allclose(whole, by_mkl, rtol=1e-4, atol=1e-4).item()
-    assert fast_path.label(True, "fp32", fast_path.activate()) == "cpu fp32 + mkl + small-row kernel"
+    assert fast_path.label(True, "fp32", fast_path.activate()) == f"cpu fp32 + mkl + {small_gemm.name()}"
 
 
 def test_an_unbuildable_kernel_leaves_mkl_alone_with_the_reason(monkeypatch, tmp_path):
@@ -102,7 +133,7 @@ def test_an_unbuildable_kernel_leaves_mkl_alone_with_the_reason(monkeypatch, tmp
     assert small_gemm.load() == (None, f"{small_gemm.ENV}=off")
 
 
-def test_a_product_shared_with_the_helper_thread_is_bit_identical():
+def test_a_product_shared_with_the_helper_thread_is_bit_identical(width):
     """Column chunks computed by two threads give exactly the one-thread result (shapes that end
     mid-chunk, every tile path), and products called from two threads at once stay right."""
     import threading
@@ -143,6 +174,19 @@ def test_a_product_shared_with_the_helper_thread_is_bit_identical():
         assert not errors and len(results) == 60 and all(results)
     finally:
         split.value, threads.value = saved
+
+
+def test_avx512_is_built_only_where_wanted_and_the_cpu_has_it(monkeypatch):
+    from mtplx import native_build
+
+    has = native_build.cpu_has("avx512f")
+    monkeypatch.setenv(native_build.WIDE_ENV, "on")
+    assert small_gemm.wide() == has and ("-mavx512f" in small_gemm.BUILD.flags()) == has
+    assert "-mavx512f" not in native_build.ATTENTION.flags()  # a kernel without such a path never gets it
+    wide_build = small_gemm.BUILD.built()
+    monkeypatch.setenv(native_build.WIDE_ENV, "off")
+    assert not small_gemm.wide() and small_gemm.name() == "small-row kernel"
+    assert small_gemm.BUILD.built() != wide_build or not has  # its own cached library, never the other's
 
 
 def test_the_helpers_polling_time_comes_from_the_environment(monkeypatch):
