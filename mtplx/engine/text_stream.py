@@ -66,9 +66,10 @@ class TextStream:
 
     def _decode(self, ids: list[int]) -> str:
         hidden = _hidden_ids(self.tokenizer, self.kept)
+        decode = _raw_decode(self.tokenizer) or self.tokenizer.decode
         if hidden is None:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
-        return self.tokenizer.decode([i for i in ids if i not in hidden], skip_special_tokens=False)
+            return decode(ids, skip_special_tokens=True)
+        return decode([i for i in ids if i not in hidden], skip_special_tokens=False)
 
     def add(self, token: int) -> str:
         """Append one token; returns the newly released text ('' if held back)."""
@@ -104,6 +105,47 @@ class TextStream:
 
 
 _HIDDEN_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_RAW: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+RAW_DECODE = True  # bench/text_stream.py switches it for its side-by-side
+
+
+def _raw_decode(tokenizer):
+    """The Rust tokenizer's own decode where it gives exactly what `tokenizer.decode` gives (a
+    transformers fast tokenizer, directly or inside mlx-lm's wrapper, with its decode methods its
+    library's own and no clean-up of tokenization spaces), else None. Every generated token is
+    decoded twice (its window with and without it), and transformers' Python wrapper around the
+    Rust call (argument conversion, checks) cost ~15x the call itself: with several sequences
+    decoding together that was a large share of the engine thread's time."""
+    if not RAW_DECODE:
+        return None
+    try:
+        if tokenizer in _RAW:
+            return _RAW[tokenizer]
+    except TypeError:
+        return None
+    _RAW[tokenizer] = found = _rust_decode(tokenizer)
+    return found
+
+
+def _rust_decode(tokenizer):
+    inner = getattr(tokenizer, "_tokenizer", None)  # mlx-lm's TokenizerWrapper holds the transformers one
+    hf = inner if inner is not None and not _is_rust(inner) else tokenizer
+    rust = getattr(hf, "_tokenizer", None)
+    if not _is_rust(rust) or getattr(hf, "clean_up_tokenization_spaces", True):
+        return None
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        return None
+    cls = type(hf)
+    if not isinstance(hf, PreTrainedTokenizerFast) or any(
+            getattr(cls, name, None) is not getattr(PreTrainedTokenizerFast, name, None) for name in ("decode", "_decode")):
+        return None  # a tokenizer class with a decode of its own: its answer, not the Rust one's
+    return rust.decode
+
+
+def _is_rust(obj) -> bool:
+    return type(obj).__module__.split(".")[0] == "tokenizers" and hasattr(obj, "decode")
 
 
 def _hidden_ids(tokenizer, kept: tuple[str, ...]) -> frozenset[int] | None:
