@@ -108,3 +108,18 @@ def test_presence_and_frequency_penalties_decode_autoregressively_and_change_the
     assert penalised.stats.mode == "ar" and penalised.token_ids != plain.token_ids
     repeats = lambda ids: len(ids) - len(set(ids))
     assert repeats(penalised.token_ids) < repeats(plain.token_ids)
+
+
+def test_an_engine_shortens_the_gil_switch_interval(dense_engine, monkeypatch):
+    """A started engine lets a thread waiting for the GIL (the server's loop with a delta to send)
+    in after 0.5 ms, not Python's 5 ms; MTPLX_SWITCH_INTERVAL_US sets it, a bad value is ignored."""
+    import sys
+
+    from mtplx.engine import engine as engine_module
+
+    assert sys.getswitchinterval() == pytest.approx(engine_module.SWITCH_INTERVAL_S, rel=0.01)
+    monkeypatch.setenv(engine_module.SWITCH_INTERVAL_ENV, "5000")
+    assert engine_module.switch_interval() == pytest.approx(0.005)
+    for bad, want in (("soon", 0.0005), ("nan", 0.0005), ("-3", 1e-6), ("1e12", 1.0)):
+        monkeypatch.setenv(engine_module.SWITCH_INTERVAL_ENV, bad)
+        assert engine_module.switch_interval() == pytest.approx(want)
