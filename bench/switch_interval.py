@@ -1,4 +1,4 @@
-"""The GIL switch interval an engine sets, side by side through `mtplx serve` (one run, one machine).
+"""The GIL switch interval `mtplx serve` sets, side by side through it (one run, one machine).
 
     python bench/switch_interval.py [--model tiny-dense] [--depth 4] [--rounds 6] [--intervals 5000 500]
 
@@ -28,7 +28,7 @@ import httpx  # noqa: E402
 
 from mtplx import fast_path  # noqa: E402,F401  (before MLX, as every bench)
 from mtplx.catalog import resolve  # noqa: E402
-from mtplx.engine.engine import SWITCH_INTERVAL_ENV  # noqa: E402
+from mtplx.launch import SWITCH_INTERVAL_ENV  # noqa: E402
 import turns  # noqa: E402
 
 

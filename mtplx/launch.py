@@ -6,6 +6,7 @@ exact model identity, and from the built-in default (MTP at depth 2 when the mod
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,27 @@ from mtplx.engine.checkpoint import model_identity, read_config
 from mtplx.engine.engine import Engine, EngineConfig
 from mtplx.fast_path import activate, notice, predicted
 from mtplx.settings import tuned_default
+
+# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms), in the
+# processes a user runs (serve, tui, generate). The engine thread builds MLX graphs in Python almost
+# without pause while it decodes (an MTP round's draft chain and verify are built while the device
+# computes the last), so the thread that streams its output (the server's event loop with an SSE
+# delta to send, the TUI) waited up to the whole interval for the GIL, and the engine as long
+# behind it. Through `mtplx serve` 0.5 ms measured better (bench/switch_interval.py: tiny-dense's
+# client-side MTP/AR 1.45 -> 1.60 and 1.46 -> 1.56; four streams at once 1.03x). An engine alone
+# in a process (the benches, the tests) keeps Python's default: with its events read by a plain
+# thread, four sessions at once ran 5-18% slower at 0.5 ms in three in-process A/B runs.
+SWITCH_INTERVAL_ENV = "MTPLX_SWITCH_INTERVAL_US"
+SWITCH_INTERVAL_S = 0.0005
+
+
+def switch_interval() -> float:
+    """The GIL switch interval open_engine sets (seconds): MTPLX_SWITCH_INTERVAL_US, else 500 us."""
+    try:
+        value = float(os.environ[SWITCH_INTERVAL_ENV]) / 1e6
+    except (KeyError, ValueError):
+        return SWITCH_INTERVAL_S
+    return min(max(value, 1e-6), 1.0) if value == value else SWITCH_INTERVAL_S  # NaN: the default
 
 
 def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int = 256,
@@ -45,6 +67,7 @@ def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank
     from mtplx.bank.bank import BankConfig
     from mtplx.bank.ssd import SsdConfig
 
+    sys.setswitchinterval(switch_interval())  # this process streams the engine's output: see above
     path = resolve(model)
     bank_config = (BankConfig(budget_bytes=bank_ram) if bank_ram else BankConfig()) if bank else None
     config = engine_config(path, depth, no_mtp, context_window=context_window, max_batch=max_batch)

@@ -18,7 +18,6 @@ import hashlib
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -37,25 +36,6 @@ from mtplx.reply_ids import ReplyIds
 DRAFT_VOCAB_SHARE = 0.75
 
 log = logging.getLogger("mtplx.engine")
-
-# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The
-# engine thread builds MLX graphs in Python almost without pause while it decodes (an MTP round's
-# draft chain and verify are built while the device computes the last), so a thread that wanted
-# the GIL (the server's event loop with an SSE delta to send, the TUI, the bank's SSD writer)
-# waited up to the whole interval, and the engine waited as long behind them. Through `mtplx serve`
-# the first delta of a warm MTP turn reached the client 4-8 ms after AR's (bench/switch_interval.py);
-# at 0.5 ms the two arrived together. Only a thread that waits for the GIL is affected by it.
-SWITCH_INTERVAL_ENV = "MTPLX_SWITCH_INTERVAL_US"
-SWITCH_INTERVAL_S = 0.0005
-
-
-def switch_interval() -> float:
-    """The GIL switch interval an engine sets (seconds): MTPLX_SWITCH_INTERVAL_US, else 500 us."""
-    try:
-        value = float(os.environ[SWITCH_INTERVAL_ENV]) / 1e6
-    except (KeyError, ValueError):
-        return SWITCH_INTERVAL_S
-    return min(max(value, 1e-6), 1.0) if value == value else SWITCH_INTERVAL_S  # NaN: the default
 
 
 @dataclass(frozen=True)
@@ -157,7 +137,6 @@ class Engine:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, timeout: float = 300) -> "Engine":
-        sys.setswitchinterval(switch_interval())  # for the process: see SWITCH_INTERVAL_S
         self._thread = threading.Thread(target=self._main, name="mtplx-engine", daemon=True)
         self._thread.start()
         self._ready.wait(timeout)
