@@ -3,7 +3,8 @@ user's cache, loaded with ctypes.
 
 A wheel of prebuilt binaries would need one per CPU and platform; these are a few hundred lines
 each, so the machine that runs them compiles them (AVX2 + FMA, and AVX-512 for a kernel with a
-path for it where the CPU has it; ~1 s) the first time they are wanted. A missing compiler or CPU feature only means the kernel is not used; the caller says why.
+path for it where the CPU has it; ~1 s) the first time they are wanted. A missing compiler or CPU
+feature only means the kernel is not used; the caller says why.
 Never imports MLX.
 """
 

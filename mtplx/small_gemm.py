@@ -7,9 +7,9 @@ side by side in one process it made MTP decode ~1.4x and AR ~1.2x faster (bench/
 Its sums run in one fixed order whatever the row count, so a row's result is the same alone, in
 a verify or in a batch.
 
-How: compiled once per machine with the system C compiler (AVX2 + FMA, and AVX-512 where the CPU
-has it: sixteen lanes per dot product, twice the multiply-adds per cycle on a full-width core) into
-the user's cache,
+How: compiled once per machine with the system C compiler into the user's cache (AVX2 + FMA, and
+AVX-512 where the CPU has it: sixteen lanes per dot product, twice the multiply-adds per cycle on a
+full-width core; MTPLX_AVX512=off keeps AVX2, e.g. on a CPU that slows down under 512-bit work),
 loaded with RTLD_GLOBAL before MKL, so `cblas_sgemm` in MLX resolves to it; calls it does not take
 go on to MKL's `cblas_sgemm`. A missing compiler or CPU feature leaves MKL alone, with the reason
 in `Blas.kernel_reason`. Never imports MLX. MTPLX_SMALL_GEMM=off turns it off.

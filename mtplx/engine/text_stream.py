@@ -106,7 +106,7 @@ class TextStream:
 
 _HIDDEN_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _RAW: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-RAW_DECODE = True  # bench/text_stream.py switches it for its side-by-side
+RAW_DECODE = True  # False: every decode through `tokenizer.decode` (tests compare the two)
 
 
 def _raw_decode(tokenizer):
