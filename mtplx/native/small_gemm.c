@@ -163,67 +163,26 @@ static void wide##MB##x##NB(const float *a, int lda, const float *b, int ldb, in
 }
 TILE512(1, 16) TILE512(2, 8) TILE512(3, 8) TILE512(4, 6) TILE512(1, 6) TILE512(2, 6) TILE512(3, 6)
 
-static void columns16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                      float beta, float *C, int ldc) {
-    float out[24];
-    if (M <= 3) {  /* one block of rows, every weight read once */
-        static const tile_fn tiles[4] = {0, wide1x16, wide2x8, wide3x8};
-        static const int widths[4] = {0, 16, 8, 8};
-        int NB = widths[M];
-        for (int n = 0; n < N; n += NB) {
-            int nb = N - n < NB ? N - n : NB;
-            tiles[M](A, lda, B + (size_t)n * ldb, ldb, nb, K, out);
-            store(C + n, ldc, out, M, nb, NB, alpha, beta);
-        }
-        return;
-    }
-    /* Six rows of weights at a time, reused from L1 by every block of four input rows. */
-    static const tile_fn rest[4] = {0, wide1x6, wide2x6, wide3x6};
-    for (int n = 0; n < N; n += 6) {
-        int nb = N - n < 6 ? N - n : 6;
-        for (int m = 0; m < M; m += 4) {
-            int mb = M - m < 4 ? M - m : 4;
-            (mb == 4 ? wide4x6 : rest[mb])(A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb, nb, K, out);
-            store(C + (size_t)m * ldc + n, ldc, out, mb, nb, 6, alpha, beta);
-        }
-    }
-}
 #endif
 
 TILE(1, 8) TILE(2, 6) TILE(3, 4) TILE(4, 3) TILE(1, 3) TILE(2, 3) TILE(3, 3)
 
-static void columns8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                     float beta, float *C, int ldc) {
-    float out[12];
-    if (M <= 3) {
-        /* One block of rows with a tile as wide as twelve accumulators allow: every weight is read
-           once. A decode step streams eight rows of weights at a time (more loads in flight); a
-           verify at depth 1 or 2 (2 or 3 rows) took 1.1-1.25x as long in 3-column tiles. */
-        static const tile_fn tiles[4] = {0, tile1x8, tile2x6, tile3x4};
-        static const int widths[4] = {0, 8, 6, 4};
-        int NB = widths[M];
-        for (int n = 0; n < N; n += NB) {
-            int nb = N - n < NB ? N - n : NB;
-            tiles[M](A, lda, B + (size_t)n * ldb, ldb, nb, K, out);
-            store(C + n, ldc, out, M, nb, NB, alpha, beta);
-        }
-        return;
-    }
-    /* Three rows of weights at a time, read once from memory and reused from L1 by every block of
-       four input rows (5- and 6-row tiles measured slower than 4 + the rest). */
-    static const tile_fn rest[4] = {0, tile1x3, tile2x3, tile3x3};
-    for (int n = 0; n < N; n += 3) {
-        int nb = N - n < 3 ? N - n : 3;
-        for (int m = 0; m < M; m += 4) {
-            int mb = M - m < 4 ? M - m : 4;
-            (mb == 4 ? tile4x3 : rest[mb])(A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb, nb, K, out);
-            store(C + (size_t)m * ldc + n, ldc, out, mb, nb, 3, alpha, beta);
-        }
-    }
-}
+/* A width's tiles: for 1-3 rows one block as wide as its accumulators allow (`few`, `widths`), so
+   every weight is read once; from 4 rows on `nb` rows of weights at a time, read once from memory
+   and reused from L1 by every block of four input rows (`four`, then `rest` for the last 1-3). */
+typedef struct {
+    tile_fn few[4];
+    int widths[4];
+    tile_fn four, rest[4];
+    int nb;
+} tiles_t;
 
-
+/* AVX2: a decode step streams eight rows of weights at a time (more loads in flight); a verify at
+   depth 1 or 2 (2 or 3 rows) took 1.1-1.25x as long in 3-column tiles; 5- and 6-row tiles
+   measured slower than 4 + the rest. */
+static const tiles_t NARROW = {{0, tile1x8, tile2x6, tile3x4}, {0, 8, 6, 4}, tile4x3, {0, tile1x3, tile2x3, tile3x3}, 3};
 #if defined(__AVX512F__)
+static const tiles_t WIDE = {{0, wide1x16, wide2x8, wide3x8}, {0, 16, 8, 8}, wide4x6, {0, wide1x6, wide2x6, wide3x6}, 6};
 int mtplx_small_wide = 1;  /* 0: the AVX2 tiles, for side-by-side measurement (other sums, other bits) */
 #else
 int mtplx_small_wide = 0;
@@ -232,12 +191,28 @@ int mtplx_small_wide = 0;
 static void columns(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                     float beta, float *C, int ldc) {
 #if defined(__AVX512F__)
-    if (mtplx_small_wide) {
-        columns16(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const tiles_t *t = mtplx_small_wide ? &WIDE : &NARROW;
+#else
+    const tiles_t *t = &NARROW;
+#endif
+    float out[24];  /* the most accumulators of any tile, rounded up to a multiple of 4 */
+    if (M <= 3) {
+        int NB = t->widths[M];
+        for (int n = 0; n < N; n += NB) {
+            int nb = N - n < NB ? N - n : NB;
+            t->few[M](A, lda, B + (size_t)n * ldb, ldb, nb, K, out);
+            store(C + n, ldc, out, M, nb, NB, alpha, beta);
+        }
         return;
     }
-#endif
-    columns8(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    for (int n = 0; n < N; n += t->nb) {
+        int nb = N - n < t->nb ? N - n : t->nb;
+        for (int m = 0; m < M; m += 4) {
+            int mb = M - m < 4 ? M - m : 4;
+            (mb == 4 ? t->four : t->rest[mb])(A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb, nb, K, out);
+            store(C + (size_t)m * ldc + n, ldc, out, mb, nb, t->nb, alpha, beta);
+        }
+    }
 }
 
 /* A second thread for products big enough to share (a batch's or a verify's rows).
