@@ -21,7 +21,7 @@ from mtplx.settings import tuned_default
 # without pause while it decodes (an MTP round's draft chain and verify are built while the device
 # computes the last), so the thread that streams its output (the server's event loop with an SSE
 # delta to send, the TUI) waited up to the whole interval for the GIL, and the engine as long
-# behind it. Through `mtplx serve` 0.5 ms measured better (bench/switch_interval.py: tiny-dense's
+# behind it. Through `mtplx serve` 0.5 ms measured better (bench/serve_ab.py: tiny-dense's
 # client-side MTP/AR 1.45 -> 1.60 and 1.46 -> 1.56; four streams at once 1.03x). An engine alone
 # in a process (the benches, the tests) keeps Python's default: with its events read by a plain
 # thread, four sessions at once ran 5-18% slower at 0.5 ms in three in-process A/B runs.
