@@ -51,6 +51,7 @@ class TextStream:
         replies are read by (gpt-oss's harmony headers), kept in the text; `mask`: what of the text
         is visible content, when the tags alone do not say (harmony.visible_mask)."""
         self.tokenizer = tokenizer
+        self._raw = _raw_decode(tokenizer)  # resolved once: _decode runs twice per generated token
         self.call_tags = call_tags
         self.kept = (THINK_OPEN, THINK_CLOSE) + tuple(call_tags) + tuple(markup)
         self.mask = mask or (lambda text: visible_mask(text, self.in_reasoning, self.call_tags))
@@ -66,7 +67,7 @@ class TextStream:
 
     def _decode(self, ids: list[int]) -> str:
         hidden = _hidden_ids(self.tokenizer, self.kept)
-        decode = _raw_decode(self.tokenizer) or self.tokenizer.decode
+        decode = self._raw or self.tokenizer.decode
         if hidden is None:
             return decode(ids, skip_special_tokens=True)
         return decode([i for i in ids if i not in hidden], skip_special_tokens=False)
