@@ -81,12 +81,24 @@ def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank
         engine = Engine(path, config, name=name, bank=bank_config, ssd=ssd_config).start()
     if (line := notice(activate())) is not None:  # the one notice when the CPU fast path is missing
         print(line, file=sys.stderr)
+    fit_helper(engine)
     if receipts:
         from mtplx.receipts.store import ReceiptStore
         from mtplx.receipts.writer import WAIT_S, ReceiptWriter
 
         engine.listeners.append(ReceiptWriter(ReceiptStore(busy_s=WAIT_S), model, engine.checkpoint.identity))
     return engine
+
+
+def fit_helper(engine: Engine) -> bool | None:
+    """The small-row kernel's helper thread in this process only where the model's step is big
+    enough to pay for it beside the server's and the client's threads (small_gemm.fit_helper).
+    Returns whether it is on (None: no kernel here)."""
+    from mtplx import fast_path, small_gemm
+
+    if fast_path.KERNEL is None or getattr(engine, "runner", None) is None:
+        return None
+    return small_gemm.fit_helper(fast_path.KERNEL, engine.runner.step_macs())
 
 
 ARM_WORDS = {"bank": ("bank", True), "no-bank": ("bank", False), "mtp": ("mtp", True), "no-mtp": ("mtp", False),

@@ -16,7 +16,9 @@ in `Blas.kernel_reason`. Never imports MLX. MTPLX_SMALL_GEMM=off turns it off.
 
 Products big enough (a verify's or a batch's rows) are shared with one helper thread in column
 chunks: MLX's CPU stream computes on one thread while the engine's Python thread mostly waits on
-it. MTPLX_SMALL_GEMM_THREADS=off keeps them on the calling thread.
+it. MTPLX_SMALL_GEMM_THREADS=off keeps them on the calling thread, =on keeps the helper in every
+process; unset, a process that serves (`launch.open_engine`: serve, tui, generate) keeps it only
+for a model whose step is big enough (`fit_helper`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,29 @@ def set_wide(kernel: ctypes.CDLL, on: bool) -> None:
 def threads_wanted() -> bool:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores >= 2 and native_build.switched_on(THREADS_ENV)
+
+
+# Multiply-adds of one token's step (trunk + LM head) from which a serving process keeps the
+# helper. Through `mtplx serve` on a 2-core machine, the helper's polling competes with the HTTP
+# loop, the client and the engine's own threads. Measured side by side (bench/serve_ab.py,
+# MTPLX_SMALL_GEMM_THREADS on/off): tiny-hybrid (~3.5M multiply-adds a token) decoded 1.11x faster
+# with MTP and 0.96x with AR without it (MTP/AR 1.15 -> 1.33), tiny-dense's MTP/AR 1.41 -> 1.55;
+# a 281M-parameter Qwen3-shaped stand-in (~270M a token) decoded 0.76x as fast without it. The
+# bound sits between the two, an order of magnitude from each.
+HELPER_FROM_MACS = 30_000_000
+
+
+def helper_pays(step_macs: int) -> bool:
+    """Whether a process that serves a model with this step size keeps the helper thread."""
+    return step_macs >= HELPER_FROM_MACS
+
+
+def fit_helper(kernel: ctypes.CDLL, step_macs: int) -> bool:
+    """In a serving process: the helper for a model whose step is big enough (`helper_pays`),
+    unless MTPLX_SMALL_GEMM_THREADS says otherwise. Returns whether the helper is on."""
+    on = threads_wanted() and (THREADS_ENV in os.environ or helper_pays(step_macs))
+    set_threads(kernel, on)
+    return on
 
 
 def set_threads(kernel: ctypes.CDLL, on: bool) -> None:

@@ -131,9 +131,12 @@ def test_a_launched_engine_shortens_the_gil_switch_interval(monkeypatch):
             return self
 
     monkeypatch.setattr(launch, "Engine", Started)
+    fitted = []
+    monkeypatch.setattr(launch, "fit_helper", fitted.append)
     monkeypatch.delenv(launch.SWITCH_INTERVAL_ENV, raising=False)
     launch.open_engine("tiny-dense", bank=False, receipts=False)
     assert set_to == [pytest.approx(launch.SWITCH_INTERVAL_S)]
+    assert len(fitted) == 1  # and the small-row kernel's helper fitted to the model (test_small_gemm)
     monkeypatch.setenv(launch.SWITCH_INTERVAL_ENV, "5000")
     assert launch.switch_interval() == pytest.approx(0.005)
     for bad, want in (("soon", 0.0005), ("nan", 0.0005), ("-3", 1e-6), ("1e12", 1.0)):
@@ -144,3 +147,13 @@ def test_a_launched_engine_shortens_the_gil_switch_interval(monkeypatch):
     from mtplx.engine import engine as engine_module
 
     assert "setswitchinterval" not in inspect.getsource(engine_module)
+
+
+def test_step_macs_count_the_trunk_and_the_lm_head_once(dense_engine):
+    """What a serving process sizes the small-row kernel's helper by (launch.fit_helper): the
+    tiny model's matmul weights per token, its tied embedding counted once, as the LM head."""
+    config = dense_engine.checkpoint.config
+    h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * i
+    assert dense_engine.runner.step_macs() == layers * per_layer + config["vocab_size"] * h

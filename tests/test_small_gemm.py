@@ -206,3 +206,24 @@ def test_a_damaged_cached_build_is_built_again(monkeypatch, tmp_path):
     target.write_bytes(b"\x7fELF" + b"\0" * 12)  # a cut-short library under the final name
     kernel, why = small_gemm.load()
     assert why is None and kernel is not None and target.stat().st_size > 1000
+
+
+def test_a_serving_process_keeps_the_helper_only_for_a_big_enough_step(monkeypatch):
+    """fit_helper (launch.open_engine): the embedded models' steps (~4M multiply-adds) decode
+    through `mtplx serve` faster without the helper, a real checkpoint's (hundreds of millions)
+    much slower; MTPLX_SMALL_GEMM_THREADS, when set, decides instead."""
+    lib = _kernel()
+    threads = ctypes.c_int.in_dll(lib, "mtplx_small_threads")
+    saved = threads.value
+    monkeypatch.setattr(small_gemm, "threads_wanted", lambda: True)  # as on any machine with 2+ cores
+    try:
+        monkeypatch.delenv(small_gemm.THREADS_ENV, raising=False)
+        assert small_gemm.fit_helper(lib, 4_000_000) is False and threads.value == 0
+        assert small_gemm.fit_helper(lib, 281_000_000) is True and threads.value == 1
+        assert small_gemm.fit_helper(lib, small_gemm.HELPER_FROM_MACS) is True
+        monkeypatch.setenv(small_gemm.THREADS_ENV, "on")
+        assert small_gemm.fit_helper(lib, 4_000_000) is True and threads.value == 1
+        monkeypatch.setattr(small_gemm, "threads_wanted", lambda: False)  # =off, or one core
+        assert small_gemm.fit_helper(lib, 281_000_000) is False and threads.value == 0
+    finally:
+        threads.value = saved

@@ -76,18 +76,23 @@ class ModelRunner:
         self.draft_ids: mx.array | None = None
         self._draft_project = None
 
+    def step_macs(self) -> int:
+        """Multiply-adds of one token through the trunk's matmuls and the LM head (a quantized
+        weight counts its unpacked size; a mixture of experts counts every expert)."""
+        trunk = _macs(self.inner)  # holds the embedding table: the LM head when tied, else a lookup
+        if self._project_module is self.embedding:
+            return trunk
+        head = _macs(self._project_module) if self._project_module is not None else 0
+        return trunk - _macs(self.embedding) + head
+
     def lm_head_share(self) -> float:
         """The LM head's share of a draft step's multiply-adds (head layer + LM head) at one
         position, from parameter counts (a quantized weight counts its unpacked size)."""
         if self.mtp is None or self._project_module is None:
             return 0.0
 
-        def macs(module) -> int:
-            return sum(m["weight"].size * (32 // m.bits if hasattr(m, "bits") else 1)
-                       for _, m in module.named_modules() if "weight" in m and m["weight"].ndim >= 2)
-
-        head = macs(self.mtp.fc) + macs(self.mtp.layers[0])
-        lm = macs(self._project_module)
+        head = _macs(self.mtp.fc) + _macs(self.mtp.layers[0])
+        lm = _macs(self._project_module)
         return lm / (lm + head) if lm + head else 0.0
 
     def use_draft_ids(self, ids: list[int] | None) -> bool:
@@ -185,6 +190,12 @@ class ModelRunner:
         """Context for decode steps and verifies (1 to k+1 tokens): MKL on one thread (see
         compute.blas_threads). Evaluate inside it."""
         return blas_threads(1)
+
+
+def _macs(module) -> int:
+    """Multiply-adds of one position through a module's matmul weights (unpacked size)."""
+    return sum(m["weight"].size * (32 // m.bits if hasattr(m, "bits") else 1)
+               for _, m in module.named_modules() if "weight" in m and m["weight"].ndim >= 2)
 
 
 def _batch(tokens: list[int] | mx.array) -> mx.array:
