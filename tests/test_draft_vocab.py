@@ -218,3 +218,29 @@ def test_the_engine_learns_a_set_keeps_it_and_reports_it(mtplx_home, monkeypatch
         assert again.health()["draft_vocab"]["tokens"] == len(again.draft_vocab.ids())
     finally:
         again.stop()
+
+
+def test_a_turn_without_tools_drafts_over_the_set(narrowed, tokenizer):
+    """A history-free rule ("never": every turn without tools) drafts over the draft vocabulary
+    with the rule taken there (logit_mask.py), as a turn with tools does: the LM head's whole
+    vocabulary is computed for the verify only. The tokens are AR's under the rule."""
+    from mtplx.engine.tool_rule import ToolRule
+
+    prompt = _prompt(narrowed, "Read src/cache/store.py and explain what it does.")
+    rule = ToolRule("never", tokenizer.convert_tokens_to_ids("<tool_call>"))
+    request = lambda mtp: GenerationRequest(prompt, SamplingParams(max_tokens=48, ignore_eos=True), use_mtp=mtp,
+                                            depth=3, tool_rule=rule)
+    ar = narrowed.submit(request(False)).result()
+    runner, calls = narrowed.runner, []
+    whole = runner.logits
+    runner.logits = lambda hidden: (calls.append(hidden.shape[1]), whole(hidden))[1]
+    try:
+        mtp = narrowed.submit(request(True)).result()
+    finally:
+        del runner.logits
+    assert mtp.token_ids == ar.token_ids and rule.call_open not in ar.token_ids
+    assert mtp.stats.verify_calls > 0
+    # whole-vocabulary logits: the plain steps before the first round, then the verifies (k + 1
+    # positions each, fewer as max_tokens nears) and never a draft step (one position)
+    first = next(i for i, n in enumerate(calls) if n > 1)
+    assert all(n > 1 for n in calls[first:]) and len(calls) - first == mtp.stats.verify_calls

@@ -135,6 +135,13 @@ class DecodeBatch:
             return logits
         return mx.stack([logits[b] if g.mask is None else g.mask(logits[b]) for b, g in enumerate(self.gens)])
 
+    def _draft_masked(self, logits: mx.array) -> mx.array:
+        """Each row's draft logits (B, draft vocabulary) under its history-free rule, if any."""
+        if all(g.mask is None for g in self.gens):
+            return logits
+        return mx.stack([logits[b] if g.mask is None else g.mask.on_drafts(logits[b], self.runner)
+                         for b, g in enumerate(self.gens)])
+
     def _pending_pairs(self, specs) -> mx.array:
         """Feed each row's pending (hidden, next token) pairs to the MTP head; (B, 1, H) of each
         row's last. Rows have 1..k+1 pairs: shorter rows are right-padded and cut back after."""
@@ -149,14 +156,10 @@ class DecodeBatch:
     def _draft_lazy(self, m: mx.array, k: int) -> tuple[mx.array, None]:
         """k greedy drafts per row as a lazy (B, k) array (rows allowed fewer judge only theirs)."""
         runner, steps = self.runner, []
-        # Rows under a history-free rule draft from the whole vocabulary (the rule reads all of
-        # it); the others from the draft vocabulary, each row as it would alone.
-        ruled = [g.mask is not None for g in self.gens]
+        # Every row drafts from the draft vocabulary, a row under a history-free rule with the rule
+        # taken there (logit_mask.py), each row as it would alone.
         for i in range(k):
-            narrow = None if all(ruled) else runner.draft_token(mx.argmax(runner.draft_logits(m)[:, -1], axis=-1))
-            whole = mx.argmax(self._masked(runner.logits(m)[:, -1]), axis=-1) if any(ruled) else None
-            steps.append(whole if narrow is None else narrow if whole is None else
-                         mx.where(mx.array(ruled), whole, narrow))
+            steps.append(runner.draft_token(mx.argmax(self._draft_masked(runner.draft_logits(m)[:, -1]), axis=-1)))
             if i < k - 1:
                 m = runner.draft_hidden(m, steps[-1][:, None], self.mtp)
         drafts = mx.stack(steps, axis=1)
@@ -165,12 +168,13 @@ class DecodeBatch:
 
     def _draft(self, m: mx.array, specs, ks: list[int], k: int) -> tuple[list[list[int]], list[list]]:
         """Drafts drawn on the host, per row with its own sampler and tool rule. A row without a
-        rule drafts over the draft vocabulary, as it would alone (speculation.draw_draft)."""
+        rule that reads history drafts over the draft vocabulary, as it would alone
+        (speculation.draw_draft)."""
         runner = self.runner
         drafts, dists = [[] for _ in specs], [[] for _ in specs]
-        narrow = [s.shape is None and g.mask is None for s, g in zip(specs, self.gens)]
+        narrow = [s.shape is None for s in specs]  # a rule that reads history judges the whole vocabulary
         for i in range(k):
-            sub = runner.draft_logits(m)[:, -1] if any(narrow) else None
+            sub = self._draft_masked(runner.draft_logits(m)[:, -1]) if any(narrow) else None
             whole = self._masked(runner.logits(m)[:, -1]) if not all(narrow) else None
             plain = [b for b, s in enumerate(specs) if i < ks[b] and narrow[b] and s.params.greedy]
             picks = dict(zip(plain, runner.draft_token(mx.argmax(sub[mx.array(plain)], axis=-1)).tolist())) if plain else {}
@@ -182,8 +186,7 @@ class DecodeBatch:
                 elif narrow[b]:
                     token, q = draw_draft(runner, sub[b], s.sampler)
                 else:
-                    row = whole[b] if s.shape is None else s.shape(whole[b], drafts[b])
-                    token, q = draw_draft(runner, row, s.sampler, whole=True)
+                    token, q = draw_draft(runner, s.shape(whole[b], drafts[b]), s.sampler, whole=True)
                 drafts[b].append(token)
                 dists[b].append(q)
             if i < k - 1:

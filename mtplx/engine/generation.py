@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import mlx.core as mx
 
 from mtplx.engine import cache_state, preemption
+from mtplx.engine.logit_mask import LogitMask
 from mtplx.engine.logprobs import of_positions
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.rule_set import rules_of
@@ -70,7 +71,7 @@ class Generation:
         # A history-free rule (no tools: the call token banned) as a plain transform of logits of
         # any leading shape, so greedy drafts stay one lazy chain (see Speculator) and a batch's
         # argmax rows need no per-row pick. A rule that reads history shapes position by position.
-        self.mask = (lambda logits: rule.apply(logits, ())) if rule is not None and rule.history_free else None
+        self.mask = LogitMask(rule) if rule is not None and rule.history_free else None
         self.shape = self._ruled if rule is not None and not rule.history_free else None
         tokenizer = runner.checkpoint.tokenizer
         in_reasoning = tokenizer.decode(list(request.prompt[-4:])).rstrip().endswith("<think>")

@@ -118,10 +118,12 @@ class Speculator:
         runner = self.runner
         m = self._chain_start()
         drafts, dists = [], []
-        narrow = self.shape is None and self.mask is None  # a rule reads the whole vocabulary
+        narrow = self.shape is None  # a rule that reads history judges the whole vocabulary
         for i in range(k):
             if narrow:
-                token, q = draw_draft(runner, runner.draft_logits(m)[0, -1], self.sampler)
+                logits = runner.draft_logits(m)[0, -1]
+                token, q = draw_draft(runner, logits if self.mask is None else self.mask.on_drafts(logits, runner),
+                                      self.sampler)
             else:
                 logits = self._masked(runner.logits(m)[0, -1])
                 if self.shape is not None:
@@ -140,10 +142,10 @@ class Speculator:
         m = self._chain_start()
         drafts = []
         for i in range(k):
-            if self.mask is None:
-                drafts.append(runner.draft_token(mx.argmax(runner.draft_logits(m)[0, -1:], axis=-1)))
-            else:
-                drafts.append(mx.argmax(self._masked(runner.logits(m)[0, -1:]), axis=-1))
+            logits = runner.draft_logits(m)[0, -1:]
+            if self.mask is not None:  # a history-free rule narrows with the drafts (logit_mask.py)
+                logits = self.mask.on_drafts(logits, runner)
+            drafts.append(runner.draft_token(mx.argmax(logits, axis=-1)))
             if i < k - 1:
                 m = runner.draft_hidden(m, drafts[-1], self.state.mtp)
         drafts = mx.concatenate(drafts)
