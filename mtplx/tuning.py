@@ -30,7 +30,7 @@ PROMPTS = [
     [{"role": "user", "content": "In a few paragraphs, explain why a team writes unit tests and what makes one useful."}],
     [{"role": "user", "content": "Rename the function load_config to read_settings and update every caller."}],
 ]
-ROUNDS = 3
+ROUNDS = 4  # even: each arm decodes as often early in a round as late
 
 
 def tune_model(model: str, tokens: int = 128, save: bool = True, echo: Callable[[str], None] = print) -> dict:
@@ -55,7 +55,11 @@ def tune_model(model: str, tokens: int = 128, save: bool = True, echo: Callable[
         costs, acceptance, hosts = [], [], []
         for r in range(ROUNDS):
             ids = prompts[r % len(prompts)]  # every arm decodes the same prompt in a round
-            for name, (mtp, depth) in arms.items():
+            # Every other round in reverse: on a machine whose speed swings within a round, no arm
+            # always decodes at the same point of it (one run chose depth 1 at 1.36x when it
+            # always came right after AR, and served at 1.02x).
+            order = list(arms.items()) if r % 2 == 0 else list(reversed(arms.items()))
+            for name, (mtp, depth) in order:
                 stats = run(mtp, depth, ids)
                 speeds[name].append(stats.decode_tps or 0.0)
                 if depth == deepest and mtp:

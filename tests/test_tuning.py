@@ -1,5 +1,6 @@
-"""`mtplx tune` on the real tiny model: every arm decodes the same prompt in a round, and the
-rounds cycle through prompts of different kinds (a depth tuned on one kind of text overfits it)."""
+"""`mtplx tune` on the real tiny model: every arm decodes the same prompt in a round, the rounds
+cycle through prompts of different kinds (a depth tuned on one kind of text overfits it), and every
+other round runs the arms in reverse."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def test_tune_rotates_prompts_and_compares_arms_on_the_same_one(monkeypatch):
         assert len({p for p, _, _ in batch}) == 1  # one prompt for every arm of a round
     assert len({batch[0][0] for batch in rounds}) == min(tuning.ROUNDS, len(tuning.PROMPTS))
     assert {d for _, mtp, d in rounds[0] if mtp} == {1, 2, 3, 4}
+    # every other round in reverse: no arm always decodes at the same point of a round
+    order = lambda batch: [(mtp, d) for _, mtp, d in batch]
+    assert order(rounds[1]) == order(rounds[0])[::-1] and order(rounds[2]) == order(rounds[0])
     assert set(result) == {"ar", "depth 1", "depth 2", "depth 3", "depth 4", "chosen"}
     assert any(line.startswith("chosen") for line in lines)
 
