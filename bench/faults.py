@@ -162,6 +162,9 @@ def real_full_disk_row() -> None:
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 
+DECODE_TOKENS = 4000  # an abandoned decode's max_tokens: seconds of decoding on this machine
+
+
 def abort_rows(cold) -> None:
     served = Served(None, bank=False, chunk_size=64)
     try:
@@ -170,12 +173,14 @@ def abort_rows(cold) -> None:
         full_prefill = time.perf_counter() - t
         for phase in ("prefill (stream)", "decode (non-stream)", "decode (stream)"):
             body = {"model": MODEL, "messages": LONG if phase.startswith("prefill") else FIRST, "temperature": 0,
-                    "max_tokens": 8 if phase.startswith("prefill") else 2000, "ignore_eos": True}
+                    "max_tokens": 8 if phase.startswith("prefill") else DECODE_TOKENS, "ignore_eos": True}
             stream = "stream" in phase and "non" not in phase
             body["stream"] = stream
             mark = len(served.events)
-            # A non-streaming client gives up after 2 s: past the prefill, well inside 2,000 tokens.
-            client = httpx.Client(timeout=httpx.Timeout(120, read=2.0))
+            # A non-streaming client gives up after 1 s: past the prefill, well inside DECODE_TOKENS
+            # (2,000 tokens took under 2 s here once MTP decoded at ~1,400 tok/s, and then the turn
+            # ended by length before the client left).
+            client = httpx.Client(timeout=httpx.Timeout(120, read=1.0))
             try:
                 if stream:
                     with client.stream("POST", served.url + "/v1/chat/completions", json=body) as response:
@@ -197,7 +202,7 @@ def abort_rows(cold) -> None:
             fins = [e for e in served.events[mark:] if type(e).__name__ == "Finished"]
             abandoned = fins[0] if fins else None
             ok = follow.status_code == 200 and abandoned is not None and abandoned.finish_reason == "cancelled"
-            length = f"full prefill {full_prefill:.2f}s" if phase.startswith("prefill") else "2000 tokens"
+            length = f"full prefill {full_prefill:.2f}s" if phase.startswith("prefill") else f"{DECODE_TOKENS} tokens"
             row(f"client abandons in {phase}", 2, int(follow.status_code != 200), ok, cached_of(follow),
                 f"(abandoned: {abandoned.finish_reason if abandoned else '?'} after "
                 f"{abandoned.completion_tokens if abandoned else '?'} tokens; follow-up TTFT {ttft:.2f}s vs {length})")
