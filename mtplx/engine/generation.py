@@ -68,9 +68,10 @@ class Generation:
         self.sampler = Sampler(self.params)
         rule = rules_of(request)
         self.rule = rule
-        # A history-free rule (no tools: the call token banned) as a plain transform of logits of
-        # any leading shape, so greedy drafts stay one lazy chain (see Speculator) and a batch's
-        # argmax rows need no per-row pick. A rule that reads history shapes position by position.
+        # A history-free rule (no tools: the call token banned; a logit bias) as one vector added to
+        # logits of any leading shape (logit_mask.py), so greedy drafts stay one lazy chain over the
+        # draft vocabulary (see Speculator) and a batch's argmax rows need no per-row pick. A rule
+        # that reads history shapes position by position.
         self.mask = LogitMask(rule) if rule is not None and rule.history_free else None
         self.shape = self._ruled if rule is not None and not rule.history_free else None
         tokenizer = runner.checkpoint.tokenizer

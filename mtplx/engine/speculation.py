@@ -125,10 +125,7 @@ class Speculator:
                 token, q = draw_draft(runner, logits if self.mask is None else self.mask.on_drafts(logits, runner),
                                       self.sampler)
             else:
-                logits = self._masked(runner.logits(m)[0, -1])
-                if self.shape is not None:
-                    logits = self.shape(logits, drafts)
-                token, q = draw_draft(runner, logits, self.sampler, whole=True)
+                token, q = draw_draft(runner, self.shape(runner.logits(m)[0, -1], drafts), self.sampler, whole=True)
             drafts.append(token)
             dists.append(q)
             if i < k - 1:
