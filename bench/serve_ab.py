@@ -11,7 +11,8 @@ server, MTP's append TTFT over AR's and the decode MTP/AR per value. Asserts not
 
 Written for the GIL switch interval, which `mtplx serve` sets otherwise than an engine in process
 (launch.open_engine says why); also run for the small-row kernel's helper thread
-(`--variable MTPLX_SMALL_GEMM_THREADS --values on off`, docs/engine.md).
+(`--variable MTPLX_SMALL_GEMM_THREADS --values on off`, docs/engine.md) and the stream interval
+(`--variable MTPLX_STREAM_INTERVAL_MS --values 0 10`).
 """
 
 from __future__ import annotations

@@ -67,9 +67,9 @@ class Submission:
         self.events: queue.Queue[EngineEvent] = queue.Queue()
         self.cancelled = threading.Event()
         self.submitted_at = time.monotonic()
-        # Called (on the engine thread) after each event is queued: an event loop's consumer sets
-        # it to a thread-safe wake-up instead of parking a pool thread in `events.get` per event.
-        self.waker: Callable[[], None] | None = None
+        # Called with each event (on the engine thread) once it is queued: an event loop's consumer
+        # sets it to a thread-safe wake-up instead of parking a pool thread in `events.get` per event.
+        self.waker: Callable[[EngineEvent], None] | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -77,7 +77,7 @@ class Submission:
     def put(self, event: EngineEvent) -> None:
         self.events.put(event)
         if (waker := self.waker) is not None:
-            waker()
+            waker(event)
 
     def __iter__(self) -> Iterator[EngineEvent]:
         while True:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import queue
 from dataclasses import replace
 from typing import AsyncIterator
@@ -19,7 +20,7 @@ from mtplx import chat_template
 from mtplx.chat import chat_request, render, with_prefill
 from mtplx.engine.request import GenerationRequest
 from mtplx.errors import EngineStopped, RequestError
-from mtplx.events import TERMINAL, EngineEvent
+from mtplx.events import TERMINAL, EngineEvent, Tokens
 from mtplx.server import output_format
 from mtplx.server.api_error import ApiError, bad_request
 from mtplx.server.context import fit
@@ -176,6 +177,16 @@ class Choices:
             sub.cancel()
 
 
+# Once a reply streams, its deltas go out at most every STREAM_INTERVAL seconds instead of every
+# MTP round or AR token: each wake-up of the event loop (and of the client reading the stream)
+# takes a core from the engine's two threads for a moment, and on a small machine that was a tenth
+# or more of decode speed (docs/engine.md, "events"). The first STREAM_LEAD Tokens events and the
+# terminal one go out at once, so TTFT, a short turn and the end of a reply never wait.
+# MTPLX_STREAM_INTERVAL_MS=0 sends every event as it comes.
+STREAM_INTERVAL = float(os.environ.get("MTPLX_STREAM_INTERVAL_MS", "10")) / 1e3
+STREAM_LEAD = 4
+
+
 def submit_choices(engine, call: ChatCall, prompt: list[int], source: str, session: str | None, raw: bytes | None,
                    rules: ToolRules | None) -> list:
     """A turn per choice, each with rules of its own (a schema's or a call's matcher holds state).
@@ -197,11 +208,12 @@ async def events(submission) -> AsyncIterator[EngineEvent]:
     loop, ready = asyncio.get_running_loop(), asyncio.Event()
     # Set while a wake-up is on its way and the loop has not yet found the queue empty: the events
     # the engine publishes meanwhile (an MTP round's DraftVerified, then its Tokens) ride on that
-    # one wake-up, instead of one self-pipe write and one loop pass each.
-    armed = [False]
+    # one wake-up, instead of one self-pipe write and one loop pass each. While the loop waits out
+    # the stream interval it stays set, so only a terminal event wakes it early.
+    armed, pausing = [False], [False]
 
-    def wake() -> None:  # on the engine thread
-        if armed[0]:
+    def wake(event=None) -> None:  # on the engine thread
+        if armed[0] and not (pausing[0] and isinstance(event, TERMINAL)):
             return
         armed[0] = True
         try:
@@ -209,9 +221,7 @@ async def events(submission) -> AsyncIterator[EngineEvent]:
         except RuntimeError:  # the loop has closed (server shutdown): nobody is waiting
             pass
 
-    # At most one wake-up at a time on the loop's own self-pipe; the loop drains whatever is queued.
-    # A pool thread parked in `events.get` per event cost two thread hand-offs per event: streaming
-    # a 160-token tiny-dense answer ran at 158 tok/s with MTP and 128 without; then 323 and 194.
+    streamed = 0  # Tokens events handed on
     submission.waker = wake
     try:
         while True:
@@ -219,6 +229,16 @@ async def events(submission) -> AsyncIterator[EngineEvent]:
                 event = submission.events.get_nowait()
             except queue.Empty:
                 ready.clear()
+                if STREAM_INTERVAL and streamed >= STREAM_LEAD:
+                    pausing[0] = True
+                    if submission.events.empty():  # a terminal event queued just before is not waited out
+                        timer = loop.call_later(STREAM_INTERVAL, ready.set)
+                        await ready.wait()
+                        timer.cancel()
+                    pausing[0] = False
+                    ready.clear()
+                    if not submission.events.empty():
+                        continue
                 armed[0] = False  # from here on an event must wake the loop again
                 if submission.events.empty():  # an event queued before the clear would be missed
                     await ready.wait()
@@ -226,6 +246,7 @@ async def events(submission) -> AsyncIterator[EngineEvent]:
             yield event
             if isinstance(event, TERMINAL):
                 return
+            streamed += isinstance(event, Tokens)
     finally:
         submission.waker = None
         submission.cancel()
