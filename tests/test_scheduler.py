@@ -405,3 +405,38 @@ def test_two_banked_sessions_at_once_restore_and_equal_cold(hybrid_engine, batch
             assert warm[name][0][1] == 0 and all(w[1] > 0 for w in warm[name][1:])
     finally:
         banked.stop()
+
+
+def test_a_burst_goes_straight_to_drafting_with_no_plain_steps_alone(engine):
+    """A reply whose first token shows nothing (here the model's opening reasoning marker) leads
+    with plain steps when it runs alone (test_mtp_exactness), but in a burst each such step would
+    be one row's step while every other row waits: there the head's short prompt KV goes at once
+    and the first round drafts. The tokens are still AR greedy's."""
+    from mtplx.events import DraftVerified
+
+    requests = [GenerationRequest(r.prompt, SamplingParams(max_tokens=16, ignore_eos=True), use_mtp=True, depth=2,
+                                  session=r.session) for r in _requests(engine, 4)]
+    busy, gate = threading.Event(), threading.Event()
+    holder = threading.Thread(target=engine.call, args=(lambda: (busy.set(), gate.wait()),))
+    holder.start()
+    busy.wait()
+    subs = [engine.submit(r) for r in requests]
+    gate.set()
+    holder.join()
+    hidden_first = 0
+    for request, sub in zip(requests, subs):
+        events = list(sub)
+        ar = engine.submit(GenerationRequest(request.prompt, SamplingParams(max_tokens=16, ignore_eos=True),
+                                             use_mtp=False)).result()
+        assert events[-1].token_ids == ar.token_ids
+        first = next(e for e in events if isinstance(e, Tokens))
+        before = []
+        for event in events:
+            if isinstance(event, DraftVerified):
+                break
+            if isinstance(event, Tokens):
+                before.extend(event.token_ids)
+        if not first.pieces:  # showed the client nothing: alone, plain steps would follow
+            hidden_first += 1
+            assert before == list(ar.token_ids[:1])
+    assert hidden_first >= 2  # the case is one the rule decides

@@ -276,9 +276,10 @@ class Generation:
             yield from self.step()
         self.end_decode()
 
-    def first_token(self) -> Iterator:
+    def first_token(self, shared: bool = False) -> Iterator:
         """Sample the first token from the prefill's last hidden, then ready the decode state
-        (the speculator, or the last token for AR steps)."""
+        (the speculator, or the last token for AR steps). `shared`: other sequences run on the
+        engine now (the scheduler's), so plain steps of this one alone would hold them all up."""
         self._t0 = time.perf_counter()
         first = self.pick(self.runner.logits(self.last_hidden)[0, -1])
         self.stats.ttft_s = time.monotonic() - self.submitted_at
@@ -290,7 +291,12 @@ class Generation:
         # layer's share of the prefill. When the first token shows the client nothing (a hidden
         # `<think>`, a chat-format marker), a few plain steps come first, so the first delta the
         # client sees never waits for that KV. Their hiddens join the head's pending pairs.
-        while lazy_head and not shown and self.finish_reason is None and len(tokens) <= HIDDEN_LEAD:
+        # With other sequences running, a short prompt's head KV (one prefill chunk) goes at once
+        # instead: each plain step here is one step of this sequence alone, while every other row
+        # waits (a burst of four ~20-token prompts spent 2 ms a row on it), and the batched round
+        # after it yields the visible token about as soon.
+        lead = not (shared and len(self.head_chunks) <= 1)
+        while lead and lazy_head and not shown and self.finish_reason is None and len(tokens) <= HIDDEN_LEAD:
             token, hidden = self._ar_step(tokens[-1])
             tokens.append(token)
             hiddens.append(hidden)

@@ -122,7 +122,7 @@ class Scheduler:
             if budget < self.chunk_size and (seq.todo is None or seq.todo > budget):
                 break  # the decoding rows wait for one chunk's worth of prompt, never more
             self.prefilling.popleft()
-            spent = self._prefill(seq, budget)
+            spent = self._prefill(seq, budget, shared=bool(self.prefilling or self.groups or joining))
             budget -= spent
             if seq.decoding:
                 joining.append(seq)
@@ -148,9 +148,10 @@ class Scheduler:
         for seq in rows + [s for s in also if s not in rows]:
             self._fail(seq, exc)
 
-    def _prefill(self, seq: Sequence, budget: int) -> int:
+    def _prefill(self, seq: Sequence, budget: int, shared: bool = False) -> int:
         """Up to `budget` prompt tokens of `seq` (a chunk may overshoot it); once its prompt is in,
-        its first token, and it is marked decoding for the caller to join. Returns tokens spent."""
+        its first token, and it is marked decoding for the caller to join. Returns tokens spent.
+        `shared`: other sequences run now (Generation.first_token)."""
         self.current = seq.request_id
         spent = 0
         try:
@@ -167,7 +168,7 @@ class Scheduler:
                 self.prefilling.append(seq)  # more chunks: back of the line
                 return spent
             if seq.gen.finish_reason is None:  # the prompt is in: the first token now, alone
-                for event in seq.gen.first_token():
+                for event in seq.gen.first_token(shared):
                     self.publish(seq, event)
         except Exception as exc:  # its own prefill failed: only this request
             self._fail(seq, exc)
