@@ -807,3 +807,46 @@ def test_entries_say_what_made_them():
 
     assert "(entry e_1, a shared prompt)" in numbers({"restore_source": "ram", "entry_id": "e_1", "entry_origin": "shared_prompt"})
     assert "(entry e_1)" in numbers({"restore_source": "ram", "entry_id": "e_1"})
+
+
+def test_a_stream_from_the_engine_thread_lands_whole_in_the_live_panels():
+    """Events published on the engine thread (an agent's request on the endpoint) reach the
+    dashboard in batches: the in-flight box and the acceptance panel show the stream's counts as
+    they stand once the stream pauses, and the finish moves the turn into the table."""
+    import asyncio
+    import threading
+
+    async def flow():
+        app = app_with()
+        async with app.run_test(size=SIZE) as pilot:
+            box = app.dashboard.query_one("#inflight")
+
+            def engine(events):
+                for event in events:
+                    app._from_engine(event)
+
+            start = [Queued("r8", 0, SimpleNamespace(source="api", session="agent-8", prompt_tokens=40)),
+                     Restored("r8", 40, 0, "cold", None, None), FirstToken("r8", 0.1)]
+            rounds = [e for i in range(30) for e in (DraftVerified("r8", 2, 1, "content"),
+                                                    Tokens("r8", (i, i), "ab", "content"))]
+            thread = threading.Thread(target=engine, args=(start + rounds,))
+            thread.start()
+            thread.join()
+            for _ in range(40):  # the feed runs dry after its interval, then the panels are drawn
+                await pilot.pause(0.05)
+                if "60 tokens" in str(box.render()):
+                    break
+            assert "decode" in str(box.render()) and "60 tokens" in str(box.render())
+            acceptance = str(app.dashboard.query_one("AcceptancePanel").render())
+            # every verify kept depth 1's draft and none of depth 2's: the live lines count all 30
+            assert "tau 2.00" in acceptance and "100%" in acceptance and " 0%" in acceptance
+            finish = _turn("r8", 40, 0, "done", [2, 2], [1, 0], source="api")[-1]
+            threading.Thread(target=engine, args=([finish],)).start()
+            for _ in range(40):
+                await pilot.pause(0.05)
+                if app.dashboard.query_one("#turns").row_count:
+                    break
+            assert app.dashboard.query_one("#turns").row_count == 1
+            assert "nothing running" in str(box.render())
+
+    asyncio.run(flow())

@@ -9,14 +9,16 @@ work runs in worker threads.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from textual import work
 from textual.app import App, SystemCommand
 
-from mtplx.events import BankDecision
+from mtplx.events import BankDecision, DraftVerified, Tokens
 from tui.health import header
-from tui.messages import BankChanged, ConnectionChanged, EngineEventArrived, HealthChanged
+from tui import event_feed
+from tui.messages import BankChanged, ConnectionChanged, EngineEventArrived, EngineEventsWaiting, HealthChanged
 from tui.screens.dashboard import Dashboard
 from tui.screens.help import HelpScreen
 from tui.screens.receipts import ReceiptsScreen
@@ -52,6 +54,8 @@ class MtplxApp(App):
         self.server_url, self.attach_url, self.receipts_store = server_url, attach_url, receipts_store
         self.api_key, self.reconnect_s, self.replay_file, self.notice = api_key, reconnect_s, replay_file, notice
         self.watch = None
+        self.engine_feed = event_feed.EventFeed(lambda: self.post_message(EngineEventsWaiting()))
+        self._live_shown, self._live_stale = 0.0, False  # when the live panels were last drawn; counts since
         self._ssd_warned = False
         self._ssd_skip_warned = False
 
@@ -74,7 +78,28 @@ class MtplxApp(App):
             self.notify(self.notice, title="Port taken", severity="warning", timeout=15)
 
     def _from_engine(self, event) -> None:  # called on the engine thread: only hand over
-        self.post_message(EngineEventArrived(event))
+        self.engine_feed.put(event)
+
+    def on_engine_events_waiting(self, message: EngineEventsWaiting) -> None:
+        """Show what the engine queued (tui/event_feed.py); if anything was, look again after the
+        interval, letting the events of the rounds decoded meanwhile gather. The live panels are
+        drawn at most every LIVE_PANELS seconds while only a stream's tokens and verifies come,
+        and at once for anything else (a finish, a new request, a restore)."""
+        events = self.engine_feed.take()
+        for event in events:
+            self.on_engine_event_arrived(EngineEventArrived(event), live=True)
+        if not self.is_running or not self.dashboard.is_attached:
+            return
+        now = time.monotonic()
+        streaming = all(isinstance(e, (Tokens, DraftVerified)) for e in events)
+        if (events or self._live_stale) and (not streaming or not events or now - self._live_shown >= event_feed.LIVE_PANELS):
+            self.dashboard.show_live()
+            self._live_shown, self._live_stale = now, False
+        elif events:
+            self._live_stale = True
+        if events:
+            self.engine_feed.gathering = True
+            self.set_timer(event_feed.INTERVAL, lambda: self.post_message(EngineEventsWaiting()))
 
     def on_unmount(self) -> None:
         if self.engine is not None:
@@ -178,7 +203,7 @@ class MtplxApp(App):
     def on_turn_table_opened(self, message) -> None:
         self.open_turn(message.record)
 
-    def on_engine_event_arrived(self, message: EngineEventArrived) -> None:
+    def on_engine_event_arrived(self, message: EngineEventArrived, live: bool = False) -> None:
         if not self.dashboard.is_attached:  # quitting while a turn streams: no screen to show it on
             return
         event = message.event
@@ -192,4 +217,4 @@ class MtplxApp(App):
             elif event.action == "ssd_skipped" and not self._ssd_skip_warned:  # once per run
                 self._ssd_skip_warned = True
                 self.notify(event.detail, title="Disk too full for the SSD tier", severity="warning")
-        self.dashboard.handle(event)
+        self.dashboard.handle(event, live)

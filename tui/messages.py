@@ -16,6 +16,10 @@ class EngineEventArrived(Message):
         self.event = event
 
 
+class EngineEventsWaiting(Message):
+    """Engine events are queued in the app's EventFeed (tui/event_feed.py): show them."""
+
+
 class BankChanged(Message):
     """A fresh summary of the session bank's entries (taken on the engine thread, or fetched)."""
 

@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, RichLog, Static
 
-from mtplx.events import BankDecision, DraftVerified, Failed, Finished, FirstToken, PrefillProgress, Queued, Restored
+from mtplx.events import BankDecision, DraftVerified, Failed, Finished, FirstToken, PrefillProgress, Queued, Restored, Tokens
 from tui.widgets.acceptance import AcceptancePanel
 from tui.widgets.anchor_map import AnchorMap
 from tui.widgets.bank import BankTable
@@ -32,6 +32,7 @@ class Dashboard(Screen):
         super().__init__()
         self.server_url, self.attach_url = server_url, attach_url
         self.known: dict[str, dict] = {}  # every entry seen, as last seen (turns keep pointing at theirs)
+        self._widgets: dict[type, object] = {}
         self._pending: list[dict] | None = None
         self._painted_at = float("-inf")
 
@@ -116,14 +117,23 @@ class Dashboard(Screen):
                                                                   f"{r.cached_tokens} from {entry['id']}")
 
     # -- engine events ----------------------------------------------------------------------
-    def handle(self, event) -> None:
+    def handle(self, event, live: bool = False) -> None:
+        """Show an engine event. `live`: one of a stream's many (the app's EventFeed); its Tokens
+        and DraftVerified are only counted in the in-flight and acceptance panels, which the app
+        shows a few times a second (show_live): redrawn for every batch, their layout passes
+        took most of the UI thread while an agent's reply streamed."""
         if isinstance(event, BankDecision):
             self.query_one("#log", RichLog).write(f"{event.action:<10} {event.detail}")
             return
-        self.query_one(InFlight).track(event)
-        chat = self.query_one(ChatPanel)
+        counted = live and isinstance(event, (Tokens, DraftVerified))
+        inflight, chat = self._one(InFlight), self._one(ChatPanel)
+        inflight.track(event, show=not counted)
         ours = event.request_id == chat.request_id
         chat.engine_event(event)
+        if counted:  # a stream's token or verify: nothing else on screen depends on it
+            if isinstance(event, DraftVerified):
+                self._one(AcceptancePanel).verified(event, show=False)
+            return
         status = self.query_one("#status", Static)
         turns = self.query_one(TurnTable)
         if isinstance(event, Queued):
@@ -139,12 +149,26 @@ class Dashboard(Screen):
         elif isinstance(event, FirstToken) and ours:
             status.update(f"decode: first token after {event.ttft_s:.3f}s")
         elif isinstance(event, DraftVerified):
-            self.query_one(AcceptancePanel).verified(event)
+            self.query_one(AcceptancePanel).verified(event, show=not counted)
         elif isinstance(event, Finished):
             self.finished(event, ours, status)
         elif isinstance(event, Failed):
             self.app.notify(event.message, title="request failed", severity="error")
             status.update("failed")
+
+    def _one(self, kind):
+        """The dashboard's single widget of `kind`, looked up once: a stream's events arrive by
+        the hundred a second, and each DOM query costs a selector match."""
+        widget = self._widgets.get(kind)
+        if widget is None:
+            widget = self._widgets[kind] = self.query_one(kind)
+        return widget
+
+    def show_live(self) -> None:
+        """Draw the in-flight and acceptance panels as their counts stand."""
+        self._one(InFlight).refresh_view()
+        acceptance = self._one(AcceptancePanel)
+        acceptance.update(acceptance.render_text())
 
     def finished(self, event: Finished, ours: bool, status: Static) -> None:
         from mtplx.receipts.writer import client_finish

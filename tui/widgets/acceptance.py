@@ -24,8 +24,9 @@ class AcceptancePanel(Static):
         self.live: list[list[int]] = []  # per depth: [drafted, accepted] for the running request
         self.update(self.render_text())
 
-    def verified(self, event) -> None:
-        """One verify of the running request: depth i was drafted if drafted >= i, kept if accepted >= i."""
+    def verified(self, event, show: bool = True) -> None:
+        """One verify of the running request: depth i was drafted if drafted >= i, kept if accepted >= i.
+        `show` False only counts it (the dashboard shows the panel later)."""
         if event.request_id != self.live_id:
             self.live_id, self.live = event.request_id, []
         while len(self.live) < event.drafted:
@@ -33,7 +34,8 @@ class AcceptancePanel(Static):
         for i in range(event.drafted):
             self.live[i][0] += 1
             self.live[i][1] += int(event.accepted > i)
-        self.update(self.render_text())
+        if show:
+            self.update(self.render_text())
 
     def add(self, stats: RequestStats, request_id: str | None = None) -> None:
         if request_id is not None and request_id == self.live_id:

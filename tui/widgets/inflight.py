@@ -15,7 +15,8 @@ class InFlight(Static):
         self.border_title = "in flight"
         self.refresh_view()
 
-    def track(self, event) -> None:
+    def track(self, event, show: bool = True) -> None:
+        """Note the event; `show` False only counts it (the dashboard shows the panel later)."""
         rid = event.request_id
         if isinstance(event, Queued):
             r = event.request
@@ -36,7 +37,8 @@ class InFlight(Static):
                 r["last"] = event.t
             elif isinstance(event, (Finished, Failed)):
                 del self.requests[rid]
-        self.refresh_view()
+        if show:
+            self.refresh_view()
 
     def on_resize(self) -> None:
         if hasattr(self, "requests"):

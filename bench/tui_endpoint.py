@@ -1,0 +1,92 @@
+"""An agent's decode through `mtplx tui`'s endpoint (the TUI live in tmux) vs through `mtplx serve`.
+
+    python bench/tui_endpoint.py [--model tiny-hybrid] [--depth 3] [--rounds 8] [--gap 1.5]
+
+`mtplx tui` serves the endpoint from the process that draws the dashboard, and every engine event
+of the agent's request reaches the dashboard too. Each round, in alternating order, both servers
+get bench/turns.py's prose answer (client-side decode tok/s from the first delta), `--gap` seconds
+apart (an agent runs its tool between turns; 0.3 keeps them nearly back to back, so the dashboard's
+drawing of each finished turn overlaps the next). Prints the medians and the paired TUI/serve ratio.
+Needs tmux. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import httpx  # noqa: E402
+
+import turns  # noqa: E402
+from mtplx.catalog import resolve  # noqa: E402
+from peer_server import free_port  # noqa: E402
+
+
+def wait_healthy(url: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} never became healthy")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny-hybrid")
+    ap.add_argument("--depth", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--gap", type=float, default=1.5)
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(resolve(args.model)))
+    system = turns.prompts(tok)[1][0][0]
+    flags = ["-m", args.model, "--depth", str(args.depth)]
+    tui_port, serve_port = free_port(), free_port()
+    session = f"mtplx-bench-{os.getpid()}"
+    command = (f"cd {ROOT} && MTPLX_HOME={tempfile.mkdtemp(prefix='mtplx-bench-tui-')} "
+               f"{sys.executable} -m mtplx.cli tui {' '.join(flags)} --port {tui_port}")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "42", command], check=True)
+    server = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", *flags, "--port", str(serve_port)], cwd=ROOT,
+                              env={**os.environ, "MTPLX_HOME": tempfile.mkdtemp(prefix="mtplx-bench-home-")},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    urls = {"mtplx tui": f"http://127.0.0.1:{tui_port}", "mtplx serve": f"http://127.0.0.1:{serve_port}"}
+    try:
+        for url in urls.values():
+            wait_healthy(url)
+        speeds = {label: [] for label in urls}
+        with httpx.Client(timeout=600) as client:
+            for url in urls.values():
+                turns.decode(client, url, system)  # warm up
+            for r in range(args.rounds):
+                for label in list(urls) if r % 2 == 0 else list(reversed(urls)):
+                    time.sleep(args.gap)
+                    speeds[label].append(turns.decode(client, urls[label], system)["decode_tps"])
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], stderr=subprocess.DEVNULL)
+        server.terminate()
+        server.wait()
+    print(f"\n{args.model}, MTP depth {args.depth}, {args.rounds} rounds, {args.gap} s between answers "
+          f"(client-side decode tok/s, medians)")
+    for label, values in speeds.items():
+        print(f"  {label:<12} {statistics.median(values):8.1f}   " + " ".join(f"{v:.0f}" for v in values))
+    paired = statistics.median(a / b for a, b in zip(speeds["mtplx tui"], speeds["mtplx serve"]))
+    print(f"  TUI / serve (paired per round) {paired:.2f}")
+
+
+if __name__ == "__main__":
+    main()
