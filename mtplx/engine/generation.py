@@ -294,8 +294,9 @@ class Generation:
         # With other sequences running, a short prompt's head KV (one prefill chunk) goes at once
         # instead: each plain step here is one step of this sequence alone, while every other row
         # waits (a burst of four ~20-token prompts spent 2 ms a row on it), and the batched round
-        # after it yields the visible token about as soon.
-        lead = not (shared and len(self.head_chunks) <= 1)
+        # after it yields the visible token about as soon. Greedy only: a sampled reply's draws
+        # follow the steps it takes, and it must draw alone what it draws in a batch.
+        lead = not (shared and self.params.greedy and len(self.head_chunks) <= 1)
         while lead and lazy_head and not shown and self.finish_reason is None and len(tokens) <= HIDDEN_LEAD:
             token, hidden = self._ar_step(tokens[-1])
             tokens.append(token)
