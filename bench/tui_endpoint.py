@@ -1,6 +1,9 @@
 """An agent's decode through `mtplx tui`'s endpoint (the TUI live in tmux) vs through `mtplx serve`.
 
-    python bench/tui_endpoint.py [--model tiny-hybrid] [--depth 3] [--rounds 8] [--gap 1.5]
+    python bench/tui_endpoint.py [--model tiny-hybrid] [--depth 3] [--rounds 8] [--gap 1.5] [--attach]
+
+With --attach the first arm is a `mtplx serve` that a `mtplx tui --attach` follows (in tmux: it
+reads every engine event through GET /v1/mtplx/events), the second one that nobody watches.
 
 `mtplx tui` serves the endpoint from the process that draws the dashboard, and every engine event
 of the agent's request reaches the dashboard too. Each round, in alternating order, both servers
@@ -50,6 +53,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--gap", type=float, default=1.5)
+    ap.add_argument("--attach", action="store_true", help="the TUI attached to a server of its own instead of serving")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -58,13 +62,23 @@ def main() -> None:
     flags = ["-m", args.model, "--depth", str(args.depth)]
     tui_port, serve_port = free_port(), free_port()
     session = f"mtplx-bench-{os.getpid()}"
+    servers = []
+
+    def serve(port: int) -> None:
+        servers.append(subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", *flags, "--port", str(port)], cwd=ROOT,
+                                        env={**os.environ, "MTPLX_HOME": tempfile.mkdtemp(prefix="mtplx-bench-home-")},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    watched = "mtplx serve + tui --attach" if args.attach else "mtplx tui"
+    urls = {watched: f"http://127.0.0.1:{tui_port}", "mtplx serve": f"http://127.0.0.1:{serve_port}"}
+    tui_flags = f"--attach {urls[watched]}" if args.attach else f"{' '.join(flags)} --port {tui_port}"
+    if args.attach:
+        serve(tui_port)
+        wait_healthy(urls[watched])
     command = (f"cd {ROOT} && MTPLX_HOME={tempfile.mkdtemp(prefix='mtplx-bench-tui-')} "
-               f"{sys.executable} -m mtplx.cli tui {' '.join(flags)} --port {tui_port}")
+               f"{sys.executable} -m mtplx.cli tui {tui_flags}")
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "42", command], check=True)
-    server = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", *flags, "--port", str(serve_port)], cwd=ROOT,
-                              env={**os.environ, "MTPLX_HOME": tempfile.mkdtemp(prefix="mtplx-bench-home-")},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    urls = {"mtplx tui": f"http://127.0.0.1:{tui_port}", "mtplx serve": f"http://127.0.0.1:{serve_port}"}
+    serve(serve_port)
     try:
         for url in urls.values():
             wait_healthy(url)
@@ -78,14 +92,15 @@ def main() -> None:
                     speeds[label].append(turns.decode(client, urls[label], system)["decode_tps"])
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], stderr=subprocess.DEVNULL)
-        server.terminate()
-        server.wait()
+        for server in servers:
+            server.terminate()
+            server.wait()
     print(f"\n{args.model}, MTP depth {args.depth}, {args.rounds} rounds, {args.gap} s between answers "
           f"(client-side decode tok/s, medians)")
     for label, values in speeds.items():
-        print(f"  {label:<12} {statistics.median(values):8.1f}   " + " ".join(f"{v:.0f}" for v in values))
-    paired = statistics.median(a / b for a, b in zip(speeds["mtplx tui"], speeds["mtplx serve"]))
-    print(f"  TUI / serve (paired per round) {paired:.2f}")
+        print(f"  {label:<26} {statistics.median(values):8.1f}   " + " ".join(f"{v:.0f}" for v in values))
+    paired = statistics.median(a / b for a, b in zip(speeds[watched], speeds["mtplx serve"]))
+    print(f"  {watched} / mtplx serve (paired per round) {paired:.2f}")
 
 
 if __name__ == "__main__":

@@ -545,6 +545,42 @@ def test_metrics_and_events_stream(server, client):
     assert not any(r.startswith(("/wp-admin", "/a")) or r == "/v1/models/tiny-dense" for r in routes)
 
 
+def test_the_event_stream_carries_every_event_of_a_turn_in_order(server):
+    """GET /v1/mtplx/events (what `mtplx tui --attach` follows) sends the events in batches: a
+    streamed turn's events all arrive, in order, and its Tokens make up its Finished reply."""
+    import threading
+
+    from mtplx.events import event_from_dict
+
+    seen, connected, done = [], threading.Event(), threading.Event()
+
+    def watch():
+        with httpx.stream("GET", server[0] + "/v1/mtplx/events", timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith(": connected"):
+                    connected.set()
+                elif line.startswith("data: "):
+                    event = event_from_dict(json.loads(line[6:]))
+                    seen.append(event)
+                    if type(event).__name__ == "Finished" and event.completion_tokens == 24:
+                        done.set()
+                        return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    assert connected.wait(30)
+    with httpx.stream("POST", server[0] + "/v1/chat/completions",
+                      json={"messages": ask("List the files"), "max_tokens": 24, "ignore_eos": True, "stream": True}) as r:
+        for _ in r.iter_lines():
+            pass
+    assert done.wait(30)
+    rid = seen[-1].request_id
+    mine = [type(e).__name__ for e in seen if getattr(e, "request_id", None) == rid]
+    assert mine[-1] == "Finished" and mine.index("FirstToken") < mine.index("Tokens")
+    tokens = [t for e in seen if getattr(e, "request_id", None) == rid and type(e).__name__ == "Tokens" for t in e.token_ids]
+    assert tuple(tokens) == seen[-1].token_ids
+
+
 def test_sdk_errors_are_clean(server, client):
     import anthropic
     import openai

@@ -177,7 +177,7 @@ class MtplxApp(App):
         from tui.attach import Attachment
 
         await Attachment(self.attach_url, self.api_key, backoff_s=self.reconnect_s,
-                         on_event=lambda e: self.post_message(EngineEventArrived(e)),
+                         on_event=self.engine_feed.put,  # in batches, as the embedded engine's
                          on_bank=lambda entries: self.post_message(BankChanged(entries)),
                          on_state=lambda state: self.post_message(ConnectionChanged(state)),
                          on_health=lambda report: self.post_message(HealthChanged(report))).run()

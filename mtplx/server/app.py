@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from dataclasses import replace
 from typing import AsyncIterator
 
@@ -44,6 +45,10 @@ DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
 
 def _sse(data) -> bytes:
     return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n".encode()
+
+
+WATCH_INTERVAL = 0.05  # seconds between two batches of the event stream a watcher reads
+WATCH_BACKLOG = 10_000  # events held for a watcher that does not read
 
 
 def _event_sse(name: str, data: dict) -> bytes:
@@ -146,11 +151,20 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     @app.get("/v1/mtplx/events")
     async def engine_events(request: Request):
-        queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
-        loop = asyncio.get_running_loop()
+        # Every event of every request, for a watcher (`mtplx tui --attach`). One wake-up of the
+        # loop per batch, at most every WATCH_INTERVAL: a wake-up per event took the cores the
+        # engine decodes with, as it did inside the TUI (tui/event_feed.py).
+        loop, ready = asyncio.get_running_loop(), asyncio.Event()
+        pending: deque = deque()
+        armed = [False]
 
-        def push(event):
-            loop.call_soon_threadsafe(lambda: queue.full() or queue.put_nowait(event))
+        def push(event):  # on the engine thread
+            if len(pending) >= WATCH_BACKLOG:  # a watcher that stopped reading loses events, never memory
+                return
+            pending.append(event)
+            if not armed[0]:
+                armed[0] = True
+                loop.call_soon_threadsafe(ready.set)
 
         engine.listeners.append(push)
 
@@ -158,8 +172,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
             try:
                 yield b": connected\n\n"
                 while True:
-                    event = await queue.get()
-                    yield _event_sse(type(event).__name__, event_dict(event))
+                    await ready.wait()
+                    ready.clear()
+                    armed[0] = False  # events from here on wake the stream again
+                    batch = []
+                    while pending:
+                        event = pending.popleft()
+                        batch.append(_event_sse(type(event).__name__, event_dict(event)))
+                    if batch:
+                        yield b"".join(batch)
+                    await asyncio.sleep(WATCH_INTERVAL)
             finally:
                 engine.listeners.remove(push)
 
