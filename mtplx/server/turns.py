@@ -221,6 +221,9 @@ async def events(submission) -> AsyncIterator[EngineEvent]:
         except RuntimeError:  # the loop has closed (server shutdown): nobody is waiting
             pass
 
+    # At most one wake-up at a time on the loop's own self-pipe; the loop drains whatever is queued.
+    # A pool thread parked in `events.get` per event cost two thread hand-offs per event: streaming
+    # a 160-token tiny-dense answer ran at 158 tok/s with MTP and 128 without; then 323 and 194.
     streamed = 0  # Tokens events handed on
     submission.waker = wake
     try:
