@@ -850,3 +850,32 @@ def test_a_stream_from_the_engine_thread_lands_whole_in_the_live_panels():
             assert "nothing running" in str(box.render())
 
     asyncio.run(flow())
+
+
+def test_turns_table_adds_rows_newest_first_past_its_limit(monkeypatch):
+    """Each finished turn adds one row at the top (the table is not rebuilt: that measured every
+    cell of every row at each turn's end), the oldest rows leave past MAX_ROWS, and turns keep
+    counting past it."""
+    import asyncio
+
+    from tui.widgets import turns as turns_module
+
+    monkeypatch.setattr(turns_module, "MAX_ROWS", 5)
+
+    async def flow():
+        app = app_with()
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.dashboard.query_one("#turns")
+            rebuilds = []
+            real = table.rebuild
+            table.rebuild = lambda: (rebuilds.append(1), real())[1]
+            for i in range(8):
+                app.feed(_turn(f"r{i}", 600, 0, "done", [2, 2], [1, 0], source="api"))
+            await pilot.pause()
+            assert rebuilds == []
+            assert table.row_count == 5
+            assert [table.get_row_at(i)[0] for i in range(5)] == ["8", "7", "6", "5", "4"]
+            assert [r.number for r in table.records] == [4, 5, 6, 7, 8]
+            assert table.selected().request_id == "r7"
+
+    asyncio.run(flow())
