@@ -249,16 +249,9 @@ def test_admission_respects_max_batch_and_the_memory_budget(dense_engine):
     assert together.index("FirstToken:b") < together.index("Finished:a")
 
 
-def _burst_merges(engine, requests, monkeypatch) -> list[int]:
-    """Rows of each batch merged while `requests`, submitted while the engine thread is busy,
-    arrive together (as an agent's parallel subagents do)."""
-    merges, init = [], DecodeBatch.__init__
-
-    def spy(self, runner, gens):
-        merges.append(len(gens))
-        init(self, runner, gens)
-
-    monkeypatch.setattr(batch_module.DecodeBatch, "__init__", spy)
+def _submit_together(engine, requests) -> list:
+    """Submit `requests` while the engine thread is busy, so they arrive together (as an agent's
+    parallel subagents do); their submissions."""
     busy, gate = threading.Event(), threading.Event()
     holder = threading.Thread(target=engine.call, args=(lambda: (busy.set(), gate.wait()),))
     holder.start()
@@ -266,7 +259,19 @@ def _burst_merges(engine, requests, monkeypatch) -> list[int]:
     subs = [engine.submit(r) for r in requests]
     gate.set()
     holder.join()
-    for sub in subs:
+    return subs
+
+
+def _burst_merges(engine, requests, monkeypatch) -> list[int]:
+    """Rows of each batch merged while `requests` arrive together (_submit_together)."""
+    merges, init = [], DecodeBatch.__init__
+
+    def spy(self, runner, gens):
+        merges.append(len(gens))
+        init(self, runner, gens)
+
+    monkeypatch.setattr(batch_module.DecodeBatch, "__init__", spy)
+    for sub in _submit_together(engine, requests):
         sub.result()
     monkeypatch.undo()
     return merges
@@ -416,13 +421,7 @@ def test_a_burst_goes_straight_to_drafting_with_no_plain_steps_alone(engine):
 
     requests = [GenerationRequest(r.prompt, SamplingParams(max_tokens=16, ignore_eos=True), use_mtp=True, depth=2,
                                   session=r.session) for r in _requests(engine, 4)]
-    busy, gate = threading.Event(), threading.Event()
-    holder = threading.Thread(target=engine.call, args=(lambda: (busy.set(), gate.wait()),))
-    holder.start()
-    busy.wait()
-    subs = [engine.submit(r) for r in requests]
-    gate.set()
-    holder.join()
+    subs = _submit_together(engine, requests)
     hidden_first = 0
     for request, sub in zip(requests, subs):
         events = list(sub)
