@@ -88,7 +88,10 @@ class MtplxApp(App):
         events = self.engine_feed.take()
         for event in events:
             self.on_engine_event_arrived(EngineEventArrived(event), live=True)
-        if not self.is_running or not self.dashboard.is_attached:
+        if events and self.is_running:  # armed until this look: the feed must be looked at again
+            self.engine_feed.gathering = True
+            self.set_timer(event_feed.INTERVAL, lambda: self.post_message(EngineEventsWaiting()))
+        if not self.dashboard.is_attached:
             return
         now = time.monotonic()
         streaming = all(isinstance(e, (Tokens, DraftVerified)) for e in events)
@@ -97,9 +100,6 @@ class MtplxApp(App):
             self._live_shown, self._live_stale = now, False
         elif events:
             self._live_stale = True
-        if events:
-            self.engine_feed.gathering = True
-            self.set_timer(event_feed.INTERVAL, lambda: self.post_message(EngineEventsWaiting()))
 
     def on_unmount(self) -> None:
         if self.engine is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import deque
 from dataclasses import replace
 from typing import AsyncIterator
 
@@ -21,10 +20,11 @@ from starlette.exceptions import HTTPException
 from mtplx import chat_template
 from mtplx.bank.watch import BankWatch
 from mtplx.engine.sampling import SamplingParams
-from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens, event_dict
+from mtplx.events import Failed, Finished, PrefillProgress, Restored, Tokens
 from mtplx.server import (anthropic_map, cache_diagnostics, completion_prompt, context_edits, cors, input_items,
                           openai_response, output_format, responses, tokenizer_api)
 from mtplx.server.api_error import ApiError, bad_request
+from mtplx.server import event_watch
 from mtplx.server.encode_cache import EncodeCache
 from mtplx.server import guard
 from mtplx.server.message_threads import MessageThreads
@@ -45,14 +45,6 @@ DEFAULTS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
 
 def _sse(data) -> bytes:
     return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n".encode()
-
-
-WATCH_INTERVAL = 0.05  # seconds between two batches of the event stream a watcher reads
-WATCH_BACKLOG = 10_000  # events held for a watcher that does not read
-
-
-def _event_sse(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 def create_app(engine, model_name: str, api_key: str | None = None, defaults: SamplingParams = DEFAULTS,
@@ -151,41 +143,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     @app.get("/v1/mtplx/events")
     async def engine_events(request: Request):
-        # Every event of every request, for a watcher (`mtplx tui --attach`). One wake-up of the
-        # loop per batch, at most every WATCH_INTERVAL: a wake-up per event took the cores the
-        # engine decodes with, as it did inside the TUI (tui/event_feed.py).
-        loop, ready = asyncio.get_running_loop(), asyncio.Event()
-        pending: deque = deque()
-        armed = [False]
-
-        def push(event):  # on the engine thread
-            if len(pending) >= WATCH_BACKLOG:  # a watcher that stopped reading loses events, never memory
-                return
-            pending.append(event)
-            if not armed[0]:
-                armed[0] = True
-                loop.call_soon_threadsafe(ready.set)
-
-        engine.listeners.append(push)
-
-        async def stream():
-            try:
-                yield b": connected\n\n"
-                while True:
-                    await ready.wait()
-                    ready.clear()
-                    armed[0] = False  # events from here on wake the stream again
-                    batch = []
-                    while pending:
-                        event = pending.popleft()
-                        batch.append(_event_sse(type(event).__name__, event_dict(event)))
-                    if batch:
-                        yield b"".join(batch)
-                    await asyncio.sleep(WATCH_INTERVAL)
-            finally:
-                engine.listeners.remove(push)
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return StreamingResponse(event_watch.watch(engine), media_type="text/event-stream")
 
     bank_watch = BankWatch(engine)  # the bank's summary as of its last event, readable mid-request
     engine.listeners.append(bank_watch)
@@ -302,23 +260,23 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
         async def stream():
             for name, data in built.start():
-                yield _event_sse(name, data)
+                yield event_watch.sse(name, data)
             async for event in events(sub):
                 if isinstance(event, PrefillProgress):
                     yield b": prefill\n\n"
                 elif isinstance(event, Tokens):
                     for name, data in built.tokens(event):
-                        yield _event_sse(name, data)
+                        yield event_watch.sse(name, data)
                 elif isinstance(event, Finished):
                     await asyncio.to_thread(diagnose, event)
                     finish = built.finish(event)
                     # stored before the client sees response.completed: its follow-up may name it at once
                     await asyncio.to_thread(keep, event)
                     for name, data in finish:
-                        yield _event_sse(name, data)
+                        yield event_watch.sse(name, data)
                 elif isinstance(event, Failed):
                     failure = _failure(event)
-                    yield _event_sse("response.failed", {"type": "response.failed", "response": {
+                    yield event_watch.sse("response.failed", {"type": "response.failed", "response": {
                         **built.response("failed"), "error": {"code": failure.type, "message": failure.message}}})
 
         return _streamed(request, sub, stream(), budget_headers(call, sub))
@@ -397,21 +355,21 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
                 if isinstance(event, Restored):  # message_start reports the cache split, known now
                     extra = await asyncio.to_thread(diagnosed, event.cached_tokens)
                     for name, data in frames.start(event.prompt_tokens, event.cached_tokens, extra):
-                        yield _event_sse(name, data)
+                        yield event_watch.sse(name, data)
                 elif isinstance(event, PrefillProgress):  # Anthropic's own keep-alive event
-                    yield _event_sse("ping", {"type": "ping"})
+                    yield event_watch.sse("ping", {"type": "ping"})
                 elif isinstance(event, Tokens) and not summarising:
                     for name, data in frames.tokens(event):
-                        yield _event_sse(name, data)
+                        yield event_watch.sse(name, data)
                 elif isinstance(event, Finished):
                     finish = frames.compacted(event) if summarising else frames.finish(event)
                     # held before message_stop: the client may continue the thread at once
                     await asyncio.to_thread(held, {"id": frames.id, "content": frames.content})
                     for name, data in finish:  # the applied edits ride on message_delta, as the API's
-                        yield _event_sse(name, {**data, **managed} if name == "message_delta" else data)
+                        yield event_watch.sse(name, {**data, **managed} if name == "message_delta" else data)
                 elif isinstance(event, Failed):
                     failure = _failure(event)
-                    yield _event_sse("error", anthropic_map.error_body(failure.status, failure.message))
+                    yield event_watch.sse("error", anthropic_map.error_body(failure.status, failure.message))
 
         return _streamed(request, sub, stream(), budget_headers(call, sub))
 
