@@ -18,7 +18,7 @@ from textual.app import App, SystemCommand
 from mtplx.events import BankDecision, DraftVerified, Tokens
 from tui.health import header
 from tui import event_feed
-from tui.messages import BankChanged, ConnectionChanged, EngineEventArrived, EngineEventsWaiting, HealthChanged
+from tui.messages import BankChanged, ConnectionChanged, EngineEventsWaiting, HealthChanged
 from tui.screens.dashboard import Dashboard
 from tui.screens.help import HelpScreen
 from tui.screens.receipts import ReceiptsScreen
@@ -87,7 +87,7 @@ class MtplxApp(App):
         and at once for anything else (a finish, a new request, a restore)."""
         events = self.engine_feed.take()
         for event in events:
-            self.on_engine_event_arrived(EngineEventArrived(event), live=True)
+            self.show_event(event, live=True)
         if events and self.is_running:  # armed until this look: the feed must be looked at again
             self.engine_feed.gathering = True
             self.set_timer(event_feed.INTERVAL, lambda: self.post_message(EngineEventsWaiting()))
@@ -194,7 +194,7 @@ class MtplxApp(App):
     def feed(self, events) -> None:
         """Deliver events as if the engine had sent them (tests, replays of recordings)."""
         for event in events:
-            self.on_engine_event_arrived(EngineEventArrived(event))
+            self.show_event(event)
 
     def on_bank_changed(self, message: BankChanged) -> None:
         if self.is_running:  # as on_connection_changed: a summary arriving while the app closes is dropped
@@ -203,10 +203,10 @@ class MtplxApp(App):
     def on_turn_table_opened(self, message) -> None:
         self.open_turn(message.record)
 
-    def on_engine_event_arrived(self, message: EngineEventArrived, live: bool = False) -> None:
+    def show_event(self, event, live: bool = False) -> None:
+        """One engine event on the dashboard (`live`: Dashboard.handle)."""
         if not self.dashboard.is_attached:  # quitting while a turn streams: no screen to show it on
             return
-        event = message.event
         if isinstance(event, BankDecision):
             if event.action == "ssd_failed" and not self._ssd_warned:  # once per outage, not per entry
                 self._ssd_warned = True

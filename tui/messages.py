@@ -1,19 +1,9 @@
-"""Textual messages the workbench posts to itself: engine events, bank snapshots and the attach
-connection's state crossing into the UI thread."""
+"""Textual messages the workbench posts to itself: engine events waiting (tui/event_feed.py),
+bank snapshots and the attach connection's state crossing into the UI thread."""
 
 from __future__ import annotations
 
 from textual.message import Message
-
-from mtplx.events import EngineEvent
-
-
-class EngineEventArrived(Message):
-    """One engine event, delivered on the UI thread."""
-
-    def __init__(self, event: EngineEvent) -> None:
-        super().__init__()
-        self.event = event
 
 
 class EngineEventsWaiting(Message):
