@@ -246,6 +246,7 @@ def tui(
             server = BackgroundServer(create_app(engine, model), sock=sock).start()
         workbench = MtplxApp(engine, model, max_tokens, server.url if server else None, replay_file=replay,
                              notice=moved)
+        workbench.freeze_when_drawn = True  # the dashboard's widgets join the long-lived heap (mtplx/long_lived.py)
         import signal
 
         # SIGTERM (a closed tmux pane, a service manager) quits like ctrl+q, so the bank is flushed.
@@ -311,8 +312,11 @@ def serve(
     _mtp_notice(engine)
     typer.echo(f"mtplx serving {model} on {url_of(sock)}/v1", err=True)
     try:
-        received = serve_forever(create_app(engine, model, api_key, cors_origins=tuple(cors_origin or ())), sock,
-                                 engine.cancel_all)
+        served = create_app(engine, model, api_key, cors_origins=tuple(cors_origin or ()))
+        from mtplx import long_lived
+
+        long_lived.freeze()  # engine, tokenizer, routes: never walked by a full collection mid-turn
+        received = serve_forever(served, sock, engine.cancel_all)
     finally:
         engine.stop()
     if received:

@@ -54,6 +54,7 @@ class MtplxApp(App):
         self.server_url, self.attach_url, self.receipts_store = server_url, attach_url, receipts_store
         self.api_key, self.reconnect_s, self.replay_file, self.notice = api_key, reconnect_s, replay_file, notice
         self.watch = None
+        self.freeze_when_drawn = False  # `mtplx tui` sets it: see on_mount
         self.engine_feed = event_feed.EventFeed(lambda: self.post_message(EngineEventsWaiting()))
         self._live_shown, self._live_stale = 0.0, False  # when the live panels were last drawn; counts since
         self._ssd_warned = False
@@ -65,6 +66,10 @@ class MtplxApp(App):
         self.sub_title = (self.model_name or "no engine") + (f" · {notice}" if notice else "")
         self.dashboard = Dashboard(self.server_url, self.attach_url)
         self.push_screen(self.dashboard)
+        if self.freeze_when_drawn:
+            from mtplx import long_lived
+
+            self.call_after_refresh(long_lived.freeze)
         if self.engine is not None:
             from mtplx.bank.watch import BankWatch
 
