@@ -16,6 +16,7 @@ Needs tmux. Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -60,28 +61,20 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(resolve(args.model)))
     system = turns.prompts(tok)[1][0][0]
     flags = ["-m", args.model, "--depth", str(args.depth)]
-    tui_port, serve_port = free_port(), free_port()
     session = f"mtplx-bench-{os.getpid()}"
-    servers = []
-
-    def serve(port: int) -> None:
-        servers.append(subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", *flags, "--port", str(port)], cwd=ROOT,
-                                        env={**os.environ, "MTPLX_HOME": tempfile.mkdtemp(prefix="mtplx-bench-home-")},
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-
     watched = "mtplx serve + tui --attach" if args.attach else "mtplx tui"
-    urls = {watched: f"http://127.0.0.1:{tui_port}", "mtplx serve": f"http://127.0.0.1:{serve_port}"}
-    tui_flags = f"--attach {urls[watched]}" if args.attach else f"{' '.join(flags)} --port {tui_port}"
-    if args.attach:
-        serve(tui_port)
-        wait_healthy(urls[watched])
-    command = (f"cd {ROOT} && MTPLX_HOME={tempfile.mkdtemp(prefix='mtplx-bench-tui-')} "
-               f"{sys.executable} -m mtplx.cli tui {tui_flags}")
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "42", command], check=True)
-    serve(serve_port)
-    try:
-        for url in urls.values():
-            wait_healthy(url)
+    with contextlib.ExitStack() as stack:
+        serve_flags = ["--depth", str(args.depth)]
+        urls = {watched: stack.enter_context(turns.mtplx_server(args.model, serve_flags)) if args.attach
+                else f"http://127.0.0.1:{free_port()}",
+                "mtplx serve": stack.enter_context(turns.mtplx_server(args.model, serve_flags))}
+        tui_flags = (f"--attach {urls[watched]}" if args.attach else
+                     f"{' '.join(flags)} --port {urls[watched].rsplit(':', 1)[1]}")
+        command = (f"cd {ROOT} && MTPLX_HOME={tempfile.mkdtemp(prefix='mtplx-bench-tui-')} "
+                   f"{sys.executable} -m mtplx.cli tui {tui_flags}")
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "42", command], check=True)
+        stack.callback(subprocess.run, ["tmux", "kill-session", "-t", session], stderr=subprocess.DEVNULL)
+        wait_healthy(urls[watched])  # the TUI's own endpoint (attached: the server it follows, up already)
         speeds = {label: [] for label in urls}
         with httpx.Client(timeout=600) as client:
             for url in urls.values():
@@ -90,11 +83,6 @@ def main() -> None:
                 for label in list(urls) if r % 2 == 0 else list(reversed(urls)):
                     time.sleep(args.gap)
                     speeds[label].append(turns.decode(client, urls[label], system)["decode_tps"])
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], stderr=subprocess.DEVNULL)
-        for server in servers:
-            server.terminate()
-            server.wait()
     print(f"\n{args.model}, MTP depth {args.depth}, {args.rounds} rounds, {args.gap} s between answers "
           f"(client-side decode tok/s, medians)")
     for label, values in speeds.items():

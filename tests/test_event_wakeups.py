@@ -18,32 +18,18 @@ from mtplx.server.turns import events
 def test_events_arrive_in_order_and_a_round_shares_one_wake_up(monkeypatch):
     monkeypatch.setattr(turns, "STREAM_INTERVAL", 0)  # every round as it comes (the interval: below)
     sub = Submission(GenerationRequest((1, 2, 3), SamplingParams(max_tokens=4)))
-    rounds, scheduled = 300, []
+    rounds = 300
 
-    async def consume():
-        loop = asyncio.get_running_loop()
-        real = loop.call_soon_threadsafe
-        loop.call_soon_threadsafe = lambda *a: (scheduled.append(1), real(*a))[1]
-        got = []
+    def engine(sub):  # as the scheduler publishes an MTP round: DraftVerified, then its Tokens
+        _wait_for_consumer(sub)
+        for i in range(rounds):
+            sub.put(DraftVerified("r", 3, 2, "content"))
+            sub.put(Tokens("r", (i,), str(i), "content"))
+            if i % 7 == 0:
+                time.sleep(0.0005)  # the loop drains and sleeps in between, now and then
+        sub.put(Failed("r", "done", "internal"))
 
-        def engine():  # as the scheduler publishes an MTP round: DraftVerified, then its Tokens
-            while sub.waker is None:
-                time.sleep(0.001)
-            for i in range(rounds):
-                sub.put(DraftVerified("r", 3, 2, "content"))
-                sub.put(Tokens("r", (i,), str(i), "content"))
-                if i % 7 == 0:
-                    time.sleep(0.0005)  # the loop drains and sleeps in between, now and then
-            sub.put(Failed("r", "done", "internal"))
-
-        thread = threading.Thread(target=engine)
-        thread.start()
-        async for event in events(sub):
-            got.append(event)
-        thread.join()
-        return got
-
-    got = asyncio.run(consume())
+    got, scheduled = _stream(sub, engine)
     tokens = [e.token_ids[0] for e in got if isinstance(e, Tokens)]
     assert tokens == list(range(rounds))
     assert sum(isinstance(e, DraftVerified) for e in got) == rounds and isinstance(got[-1], Failed)
