@@ -62,26 +62,30 @@ def cache_dir() -> Path:
 class Kernel:
     """One C source of mtplx/native, the flags and libraries it is built with."""
 
-    def __init__(self, name: str, libs: tuple[str, ...] = (), wide: bool = False):
-        self.name, self.libs, self.wide = name, libs, wide
+    def __init__(self, name: str, libs: tuple[str, ...] = (), wide: bool = False, extra: tuple[str, ...] = (),
+                 features: tuple[str, ...] = ()):
+        # extra flags and CPU features beyond FLAGS, AVX2 and FMA
+        self.name, self.libs, self.wide, self.extra, self.features = name, libs, wide, extra, features
         self.source = NATIVE / f"{name}.c"
 
     def flags(self) -> tuple[str, ...]:
         """FLAGS, and AVX-512 for a kernel that has a path for it on a CPU that has it."""
         wide = self.wide and switched_on(WIDE_ENV) and cpu_has("avx512f")
-        return FLAGS + (WIDE if wide else ())
+        return FLAGS + self.extra + (WIDE if wide else ())
 
     def unavailable(self) -> str | None:
         """Why it cannot run here (None: it can, built or buildable)."""
-        if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64") or not cpu_has("avx2", "fma"):
-            return "needs Linux on a CPU with AVX2 and FMA"
+        if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64") or not cpu_has("avx2", "fma", *self.features):
+            return f"needs Linux on a CPU with {', '.join(('AVX2', 'FMA') + tuple(f.upper() for f in self.features))}"
         if not self.built().is_file() and compiler() is None:
             return "no C compiler (cc) to build it"
         return None
 
     def built(self) -> Path:
-        """Where this source, built with these flags, lives (the name changes when either does)."""
-        digest = hashlib.sha256(self.source.read_bytes() + " ".join(self.flags() + self.libs).encode()).hexdigest()[:16]
+        """Where this source, built with these flags, lives (the name changes when either does, or
+        a header of mtplx/native)."""
+        headers = b"".join(h.read_bytes() for h in sorted(NATIVE.glob("*.h")))
+        digest = hashlib.sha256(self.source.read_bytes() + headers + " ".join(self.flags() + self.libs).encode()).hexdigest()[:16]
         return cache_dir() / f"{self.name}-{digest}.so"
 
     def build(self) -> Path:

@@ -176,6 +176,9 @@ class Engine:
         out = {"engine": "ok" if self.alive else ("stopped" if self._stopping else "dead"), "busy": self.busy is not None}
         if self.died:
             out["engine_error"] = self.died
+        if self.runner is not None and self.runner.mtp is not None:
+            # who drafts a greedy round: the C chain (engine/native_draft.py) or MLX, and why
+            out["draft_chain"] = self.runner.draft_chain()
         if self.draft_vocab is not None:
             ids = self.runner.draft_ids  # what drafting uses now (None: every token)
             out["draft_vocab"] = {"tokens": int(ids.size) if ids is not None else None, "of": self.draft_vocab.vocab_size,
@@ -332,6 +335,7 @@ class Engine:
             self.runner = ModelRunner(self.checkpoint)
             self.eos_ids = set(self.checkpoint.tokenizer.eos_token_ids)
             self.draft_vocab = self._draft_vocab()
+            self.runner.native_draft()  # built (once per machine) or refused now, not in the first turn
             self._start_scheduler()
             if self.bank_config is not None:
                 from mtplx.bank.bank import SessionBank

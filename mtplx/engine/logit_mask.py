@@ -44,3 +44,9 @@ class LogitMask:
         if runner.draft_ids is None:
             return self(logits)
         return logits + self.over(runner.draft_ids, runner.vocab_rows).astype(logits.dtype)
+
+    def draft_vector(self, runner) -> mx.array:
+        """`v` over the rows drafts are chosen from: the draft vocabulary's, or the whole LM head's."""
+        if runner.draft_ids is None:
+            return self.vector(runner.vocab_rows)
+        return self.over(runner.draft_ids, runner.vocab_rows)

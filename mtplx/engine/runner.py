@@ -74,7 +74,27 @@ class ModelRunner:
         self._project_module = self.embedding if tied else getattr(outer, "lm_head", None)
         self.vocab_rows = self._project_module.weight.shape[0] if self._project_module is not None else 0
         self.draft_ids: mx.array | None = None
+        self.draft_weight: mx.array | None = None
         self._draft_project = None
+        self._native_draft, self.native_draft_reason = False, None  # False: not yet asked (native_draft())
+
+    def native_draft(self):
+        """The C draft chain for this head (engine/native_draft.py), or None where it cannot run;
+        built at the first call (the engine's load), the reason kept in `native_draft_reason`."""
+        if self._native_draft is False:
+            from mtplx.engine.native_draft import NativeDraft
+
+            try:
+                self._native_draft, self.native_draft_reason = NativeDraft.for_runner(self)
+            except Exception as exc:  # a kernel that fails to load costs speed, never serving
+                self._native_draft, self.native_draft_reason = None, f"{type(exc).__name__}: {exc}"
+        return self._native_draft
+
+    def draft_chain(self) -> str:
+        """Who drafts greedy rounds, for /health: 'c kernel', or 'mlx' and why not the kernel."""
+        if self._native_draft:
+            return "c kernel"
+        return "mlx" + (f" ({self.native_draft_reason})" if self.native_draft_reason else "")
 
     def step_macs(self) -> int:
         """Multiply-adds of one token through the trunk's matmuls and the LM head (a quantized
@@ -101,7 +121,7 @@ class ModelRunner:
         module = self._project_module
         if not ids or module is None or self.sharded or self.agree is not None \
                 or not isinstance(module, (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)):
-            self.draft_ids, self._draft_project = None, None
+            self.draft_ids, self._draft_project, self.draft_weight = None, None, None
             return False
         rows = mx.array(ids, dtype=mx.uint32)
         part = copy.copy(module)  # the same layer over fewer output rows (quantized rows slice alike)
@@ -110,6 +130,7 @@ class ModelRunner:
                 part[name] = module[name][rows]
         mx.eval(part.parameters())
         self.draft_ids = rows
+        self.draft_weight = part["weight"]  # the set's rows (engine/native_draft.py reads them)
         self._draft_project = part.as_linear if hasattr(part, "as_linear") else part
         return True
 

@@ -107,6 +107,8 @@ class Speculator:
         self.last_logprobs: list = []  # the last round's kept tokens' entries, when the request asks
         self.prediction, self.reply, self.head = prediction, reply, head
         self.predicted = False  # whether the last round's drafts came from the prediction
+        self.chain_entries = 0  # head cache entries the last draft chain added past its first step
+        self.native_chain = False  # whether the last lazy chain ran in C (engine/native_draft.py)
 
     def _chain_start(self) -> mx.array:
         """The head's output for the last pending pair, (1, 1, H), which starts a draft chain; the
@@ -117,6 +119,7 @@ class Speculator:
         """k drafts, each read on the host (a tool rule or sampling needs the tokens as ints)."""
         runner = self.runner
         m = self._chain_start()
+        self.chain_entries = k - 1
         drafts, dists = [], []
         narrow = self.shape is None  # a rule that reads history judges the whole vocabulary
         for i in range(k):
@@ -136,7 +139,20 @@ class Speculator:
         """k greedy drafts as one lazy (k,) array: each argmax feeds the next head step on the
         device, so the chain and the verify after it run as one graph with one host sync."""
         runner = self.runner
+        native = runner.native_draft()
+        if native is not None:
+            # The whole chain in C (engine/native_draft.py). The pending pairs' keys and values it
+            # computed go to the head's cache, as the MLX chain's first step would put them there.
+            bias = None if self.mask is None else self.mask.draft_vector(runner)
+            drafts = native.chain(self.pending_hidden, self.pending_tokens, self.state.mtp, k, bias)
+            if drafts is not None:
+                self.state.mtp.update_and_fetch(*native.pending_kv(len(self.pending_tokens)))
+                self.chain_entries = 0
+                self.native_chain = True
+                return mx.array(drafts, dtype=mx.uint32)
+        self.native_chain = False
         m = self._chain_start()
+        self.chain_entries = k - 1
         drafts = []
         for i in range(k):
             logits = runner.draft_logits(m)[0, -1:]
@@ -203,7 +219,10 @@ class Speculator:
         logits = self._masked(runner.logits(hidden)[0])
         if lazy:
             targets = mx.argmax(logits, axis=-1)
-            mx.eval(targets, pending)
+            # After a C chain, the hidden states and the head's cache too: the next chain reads them
+            # on the host.
+            host_reads = [hidden, state.mtp.keys, state.mtp.values] if self.native_chain else []
+            mx.eval(targets, pending, *host_reads)
             drafts, targets = pending.tolist(), targets.tolist()
             t2 = time.perf_counter()
             accepted = greedy_kept(drafts, targets)
@@ -233,7 +252,7 @@ class Speculator:
         state.tokens.extend(fed[:kept])
         state.length += kept
         if predicted is None:
-            state.mtp.trim(k - 1)  # drop the speculative MTP entries of draft steps 2..k
+            state.mtp.trim(self.chain_entries)  # drop the speculative MTP entries of draft steps 2..k
             self.pending_hidden = hidden[:, :kept, :]
             self.pending_tokens = drafts[:accepted] + [extra]
         elif self.head:  # the head saw nothing this round: its pairs wait for the next MTP draft

@@ -1,0 +1,128 @@
+"""The MTP head's greedy draft chain in one C call (mtplx/engine/native_draft.py): it drafts what
+the MLX chain drafts, its pending pairs' keys and values are the MLX head step's, a rule's vector
+bans what it bans, and MTP with it still equals AR greedy token for token."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtplx.engine.logit_bias import LogitBias
+from mtplx.engine.logit_mask import LogitMask
+from mtplx.engine.native_draft import NativeDraft
+from mtplx.engine.request import GenerationRequest
+from mtplx.engine.sampling import SamplingParams
+
+TEXT = ("Explain how a hash map handles collisions, with a short example in Python, and compare open "
+        "addressing with separate chaining. ") * 3
+STEPS, PAIRS = 4, 3
+
+
+def _prompt(engine, text=TEXT):
+    tok = engine.checkpoint.tokenizer
+    return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+
+
+def _native(engine) -> NativeDraft:
+    native = engine.call(lambda: engine.runner.native_draft())
+    assert native is not None, engine.runner.native_draft_reason  # the CPU fp32 path of this machine
+    return native
+
+
+def _chains(engine, mask: LogitMask | None = None) -> list[tuple[list[int], list[int], float]]:
+    """At many points of a prompt: (MLX chain's drafts, C chain's drafts, largest difference of the
+    pending pairs' keys and values), both chains over the same head cache and pending pairs."""
+    runner, native = engine.runner, _native(engine)
+    prompt = _prompt(engine)
+
+    def work():
+        hidden = runner.hidden(prompt, runner.new_trunk_cache())
+        mx.eval(hidden)
+        out = []
+        for start in range(8, len(prompt) - PAIRS - 1, 5):
+            caches = [runner.new_mtp_cache() for _ in range(2)]
+            for cache in caches:
+                runner.extend_head(hidden[:, :start], prompt[1:start + 1], cache)
+            pending, tokens = hidden[:, start:start + PAIRS], prompt[start + 1:start + PAIRS + 1]
+            with runner.small_forwards():
+                m = runner.draft_hidden(pending, tokens, caches[0], last=True)
+                want = []
+                for i in range(STEPS):
+                    logits = runner.draft_logits(m)[0, -1:]
+                    logits = logits if mask is None else mask.on_drafts(logits, runner)
+                    want.append(runner.draft_token(mx.argmax(logits, axis=-1)))
+                    if i < STEPS - 1:
+                        m = runner.draft_hidden(m, want[-1], caches[0])
+                want = mx.concatenate(want).tolist()
+            bias = None if mask is None else mask.draft_vector(runner)
+            got = native.chain(pending, tokens, caches[1], STEPS, bias)
+            assert caches[1].offset == start  # the chain leaves the head's cache as it found it
+            keys, values = native.pending_kv(PAIRS)
+            ref_keys = caches[0].keys[..., start:start + PAIRS, :]
+            ref_values = caches[0].values[..., start:start + PAIRS, :]
+            diff = max(float(mx.max(mx.abs(keys - ref_keys))), float(mx.max(mx.abs(values - ref_values))))
+            out.append((want, got, diff))
+        return out
+
+    return engine.call(work)
+
+
+def test_the_c_chain_drafts_what_the_mlx_chain_drafts(engine):
+    rows = _chains(engine)
+    drafts = [(w, g) for w, g, _ in rows]
+    agree = sum(a == b for w, g in drafts for a, b in zip(w, g))
+    # The C chain reads the head's matrices in half precision: a near-tie may fall the other way
+    # (it costs acceptance, never exactness); everything else is the same chain.
+    assert agree >= 0.95 * STEPS * len(drafts), drafts
+    assert max(d for _, _, d in rows) < 2e-2  # the pending pairs' keys and values the cache takes
+
+
+def test_a_rules_vector_bans_in_the_c_chain_what_it_bans_in_the_mlx_chain(engine):
+    first = {w[0] for w, _, _ in _chains(engine)}
+    mask = LogitMask(LogitBias(tuple((t, -100.0) for t in sorted(first))))  # every first draft seen, pushed down
+    rows = _chains(engine, mask)
+    assert all(g[0] not in first for _, g, _ in rows)
+    agree = sum(a == b for w, g, _ in rows for a, b in zip(w, g))
+    assert agree >= 0.95 * STEPS * len(rows)
+
+
+@pytest.mark.parametrize("depth", [1, 3, 4])
+def test_mtp_with_the_c_chain_equals_ar_greedy_and_keeps_its_acceptance(engine, depth, monkeypatch):
+    calls = []
+    chain = NativeDraft.chain
+    monkeypatch.setattr(NativeDraft, "chain", lambda self, *a: calls.append(1) or chain(self, *a))
+    native = _native(engine)
+    texts = ["Write a Python function that merges two sorted lists, and explain it.",
+             "Why would a build fail after renaming a module?"]
+    kept = {"c": 0, "mlx": 0}
+    for text in texts:
+        prompt = tuple(_prompt(engine, text))
+        for bias in ((), ((5, -3.0), (17, 2.0))):  # with a logit bias the chain takes the rule's vector
+            params = SamplingParams(max_tokens=48, logit_bias=bias)
+            ar = engine.submit(GenerationRequest(prompt, params, use_mtp=False)).result()
+            for arm in kept:
+                engine.call(lambda: setattr(engine.runner, "_native_draft", native if arm == "c" else None))
+                try:
+                    mtp = engine.submit(GenerationRequest(prompt, params, use_mtp=True, depth=depth)).result()
+                finally:
+                    engine.call(lambda: setattr(engine.runner, "_native_draft", native))
+                assert mtp.token_ids == ar.token_ids
+                kept[arm] += sum(mtp.stats.accepted_by_depth)
+    assert len(calls) > 20  # the rounds drafted in C
+    # The head's cache after C rounds (their pairs' keys and values) serves the chain as well as
+    # the MLX chain's own: a wrong entry there would show as lost acceptance, not wrong tokens.
+    assert kept["c"] >= 0.9 * kept["mlx"], kept
+
+
+def test_switched_off_or_on_another_path_the_mlx_chain_drafts(dense_engine, monkeypatch):
+    monkeypatch.setenv("MTPLX_NATIVE_DRAFT", "off")
+    native, why = dense_engine.call(lambda: NativeDraft.for_runner(dense_engine.runner))
+    assert native is None and why == "MTPLX_NATIVE_DRAFT=off"
+    monkeypatch.delenv("MTPLX_NATIVE_DRAFT")
+    native = _native(dense_engine)
+    assert dense_engine.health()["draft_chain"] == "c kernel"
+    cache = dense_engine.call(dense_engine.runner.new_mtp_cache)
+    hidden = mx.zeros((1, 2, 256))
+    assert native.chain(hidden, [1], cache, 2) is None  # pairs and hidden rows disagree: refused, not guessed
+    assert native.chain(mx.zeros((1, 70, 256)), [1] * 70, cache, 2) is None  # past the kernel's 64 slots
