@@ -161,20 +161,31 @@ class NativeDraft:
         draft. `bias`: a history-free rule's vector over the rows drafts are chosen from (added to
         their logits). `cache` (the head's) holds the positions before the pairs and is not
         changed. None when the kernel refuses (the caller drafts with MLX)."""
+        if not self.usable(cache, len(tokens), steps):
+            return None
+        if cache.offset:
+            mx.eval(cache.keys, cache.values)
+            keys, values = np.array(cache.keys, copy=False), np.array(cache.values, copy=False)
+        else:
+            keys = values = None
+        return self.chain_over(hidden, tokens, keys, values, cache.offset, steps, bias)
+
+    def chain_over(self, hidden: mx.array, tokens: list[int], keys: np.ndarray | None, values: np.ndarray | None,
+                   offset: int, steps: int, bias: mx.array | None = None) -> list[int] | None:
+        """`chain` over a cache given as host arrays (1, kv_heads, capacity, head_dim) whose first
+        `offset` positions are the head's: one row of a batch's cache reads in place too."""
         pairs = len(tokens)
-        if not self.usable(cache, pairs, steps) or hidden.shape[1] != pairs:
+        if pairs < 1 or pairs + steps > MAX_SLOTS or hidden.shape[1] != pairs:
             return None
         self._lm_head()
         if bias is not None and bias.shape[0] != self.head.vocab:
             return None
         self._bias(bias)
-        end = cache.offset + pairs + steps
+        end = offset + pairs + steps
         self.table.at(0, end)  # grows the table to cover the chain's positions
         rope = _view(self.table.rows)
         self.head.rope, self.head.rope_rows = rope.ctypes.data, rope.shape[0]
-        if cache.offset:
-            mx.eval(cache.keys, cache.values)
-            keys, values = np.array(cache.keys, copy=False), np.array(cache.values, copy=False)
+        if offset:
             if keys.dtype != np.float32 or not (keys.flags.c_contiguous and values.flags.c_contiguous):
                 keys, values = np.ascontiguousarray(keys, np.float32), np.ascontiguousarray(values, np.float32)
             cap, kp, vp = keys.shape[2], keys.ctypes.data, values.ctypes.data
@@ -188,7 +199,7 @@ class NativeDraft:
         ids = np.array(tokens, dtype=np.int32)
         done = self.lib.mtplx_draft_chain(ctypes.byref(self.head), ctypes.c_void_p(rows.ctypes.data),
                                           ctypes.c_void_p(ids.ctypes.data), ctypes.c_int(pairs), ctypes.c_void_p(kp),
-                                          ctypes.c_void_p(vp), ctypes.c_int(cap), ctypes.c_int(cache.offset),
+                                          ctypes.c_void_p(vp), ctypes.c_int(cap), ctypes.c_int(offset),
                                           ctypes.c_int(steps), ctypes.c_void_p(self._scratch.ctypes.data),
                                           ctypes.c_long(self._scratch.size), ctypes.c_void_p(self._out.ctypes.data))
         if done != steps:
