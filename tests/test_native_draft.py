@@ -126,3 +126,26 @@ def test_switched_off_or_on_another_path_the_mlx_chain_drafts(dense_engine, monk
     hidden = mx.zeros((1, 2, 256))
     assert native.chain(hidden, [1], cache, 2) is None  # pairs and hidden rows disagree: refused, not guessed
     assert native.chain(mx.zeros((1, 70, 256)), [1] * 70, cache, 2) is None  # past the kernel's 64 slots
+
+
+def test_a_batch_drafts_every_row_in_c_and_each_row_equals_ar_greedy(engine, monkeypatch):
+    """Four greedy requests arriving together decode as one batch; each round drafts all rows in
+    C (split over two threads), rows with different pending pairs and acceptance, one with a
+    logit bias (its rule's vector), and every row's tokens equal that request's AR greedy run."""
+    from test_scheduler import _submit_together
+
+    batches = []
+    chain_rows = NativeDraft.chain_rows
+    monkeypatch.setattr(NativeDraft, "chain_rows", lambda self, rows, steps: batches.append(len(rows))
+                        or chain_rows(self, rows, steps))
+    _native(engine)
+    texts = ["Write a Python function that merges two sorted lists.", "Why would a build fail after a rename?",
+             "Describe how the cache module decides what to evict.", "What does load_config do?"]
+    requests = [GenerationRequest(tuple(_prompt(engine, t)),
+                                  SamplingParams(max_tokens=40, logit_bias=((9, -2.0),) if i == 3 else ()),
+                                  use_mtp=True, depth=3) for i, t in enumerate(texts)]
+    got = [s.result() for s in _submit_together(engine, requests)]
+    assert max(batches) == 4  # rounds with all four rows drafted in C
+    for request, mtp in zip(requests, got):
+        ar = engine.submit(GenerationRequest(request.prompt, request.sampling, use_mtp=False)).result()
+        assert mtp.token_ids == ar.token_ids

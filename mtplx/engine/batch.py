@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from mtplx.engine import batch_cache, cache_state
@@ -77,8 +78,12 @@ class DecodeBatch:
         # argmax feeds the next head step as an array and the round syncs with the host once.
         lazy = all(s.params.greedy and s.shape is None for s in specs)
         t0 = time.perf_counter()
-        m = self._pending_pairs(specs)
-        drafts, dists = self._draft_lazy(m, k) if lazy else self._draft(m, specs, ks, k)
+        # Greedy chains in C where the head allows (engine/native_draft.py), rows split over two threads.
+        drafts, dists = (self._draft_native(specs, k) if lazy else None), None
+        native = drafts is not None
+        if not native:
+            m = self._pending_pairs(specs)
+            drafts, dists = self._draft_lazy(m, k) if lazy else self._draft(m, specs, ks, k)
         t1 = time.perf_counter()
         fed = mx.concatenate([mx.array([[s.last] for s in specs]), drafts], axis=1) if lazy else \
             mx.array([[s.last] + d for s, d in zip(specs, drafts)])
@@ -91,7 +96,10 @@ class DecodeBatch:
                                for b, s in enumerate(specs)])
         greedy = any(s.params.greedy for s in specs)
         targets = mx.argmax(logits, axis=-1) if greedy else None
-        mx.eval([a for a in (targets, drafts if lazy else None) if a is not None] + ([] if greedy else [logits]))
+        # After C chains, the hidden states and the head's cache too: the next chains read them on the host.
+        host_reads = [hidden, self.mtp.keys, self.mtp.values] if native else []
+        mx.eval([a for a in (targets, drafts if lazy else None) if a is not None] + ([] if greedy else [logits])
+                + host_reads)
         t2 = time.perf_counter()
         if lazy:
             drafts = drafts.tolist()
@@ -117,7 +125,8 @@ class DecodeBatch:
         t3 = time.perf_counter()
         batch_cache.keep_rows(self.trunk, k + 1, kept)
         cache_state.set_capture(self.trunk, False)
-        self.mtp.trim(k - 1)  # the speculative MTP entries of draft steps 2..k, in every row
+        if not native:  # C chains keep their own positions off the cache
+            self.mtp.trim(k - 1)  # the speculative MTP entries of draft steps 2..k, in every row
         for b, (spec, n) in enumerate(zip(specs, kept)):
             spec.state.tokens.extend(fed[b][:n])
             spec.state.length += n
@@ -152,6 +161,29 @@ class DecodeBatch:
         m = self.runner.draft_hidden(hidden, tokens, self.mtp, last=mx.array(counts) - 1)
         self.mtp.trim_rows([P - n for n in counts])
         return m
+
+    def _draft_native(self, specs, k: int) -> mx.array | None:
+        """k greedy drafts per row from the C chain, each row over its own part of the head's
+        batched cache, read in place; the rows' pending pairs' keys and values go to that cache.
+        None where the kernel cannot run here (the MLX chain drafts)."""
+        native = self.runner.native_draft()
+        if native is None or self.mtp.keys is None:
+            return None
+        mx.eval(self.mtp.keys, self.mtp.values)
+        keys, values = np.array(self.mtp.keys, copy=False), np.array(self.mtp.values, copy=False)
+        rows = [(spec.pending_hidden, spec.pending_tokens, keys[b : b + 1], values[b : b + 1], self.mtp.lengths[b],
+                 None if gen.mask is None else gen.mask.draft_vector(self.runner))
+                for b, (gen, spec) in enumerate(zip(self.gens, specs))]
+        drafts = native.chain_rows(rows, k)
+        if drafts is None:
+            return None  # nothing written yet: the MLX chain drafts every row
+        pairs = [native.pending_kv(len(spec.pending_tokens), b) for b, spec in enumerate(specs)]
+        counts = [len(s.pending_tokens) for s in specs]
+        P = max(counts)
+        self.mtp.update_and_fetch(mx.concatenate([_pad_axis2(kv[0], P) for kv in pairs]),
+                                  mx.concatenate([_pad_axis2(kv[1], P) for kv in pairs]))
+        self.mtp.trim_rows([P - n for n in counts])
+        return mx.array(drafts, dtype=mx.uint32)
 
     def _draft_lazy(self, m: mx.array, k: int) -> tuple[mx.array, None]:
         """k greedy drafts per row as a lazy (B, k) array (rows allowed fewer judge only theirs)."""
@@ -197,6 +229,11 @@ class DecodeBatch:
 def _pad(hidden: mx.array, length: int) -> mx.array:
     n = hidden.shape[1]
     return hidden if n == length else mx.pad(hidden, [(0, 0), (0, length - n), (0, 0)])
+
+
+def _pad_axis2(kv: mx.array, length: int) -> mx.array:
+    n = kv.shape[2]
+    return kv if n == length else mx.pad(kv, [(0, 0), (0, 0), (0, length - n), (0, 0)])
 
 
 def _plain_greedy(gen: Generation) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -60,6 +61,19 @@ def _plain_linear(module) -> mx.array:
     if type(module) is not nn.Linear or "bias" in module:
         raise ValueError(f"{type(module).__name__} with bias or quantized weights")
     return module.weight
+
+
+class _Workspace:
+    """One chain's scratch (its pairs' keys and values, logits, a step's vectors), inputs and drafts."""
+
+    def __init__(self):
+        self.scratch = np.zeros(0, dtype=np.float32)
+        self.out = np.zeros(MAX_SLOTS, dtype=np.int32)
+        self.hidden = self.ids = None
+
+    def fit(self, floats: int) -> None:
+        if self.scratch.size < floats:
+            self.scratch = np.zeros(max(floats, 2 * self.scratch.size), dtype=np.float32)
 
 
 class NativeDraft:
@@ -111,9 +125,9 @@ class NativeDraft:
                           inter=inter, vocab=0, gated=int(gated), eps=norms[0].eps,
                           scale=attn.scale, **{n: v.ctypes.data for n, v in self._views.items()})
         self._lm_key = None
-        self._bias_key = None
-        self._scratch = np.zeros(0, dtype=np.float32)
-        self._out = np.zeros(MAX_SLOTS, dtype=np.int32)
+        self._biases: dict[int, tuple] = {}  # id of a rule's vector -> (it, its host copy)
+        self._spaces: list[_Workspace] = []  # one per row of the last chains
+        self._pool: ThreadPoolExecutor | None = None  # the helper that takes half of a batch's rows
 
     @classmethod
     def for_runner(cls, runner) -> tuple[NativeDraft | None, str | None]:
@@ -173,51 +187,74 @@ class NativeDraft:
     def chain_over(self, hidden: mx.array, tokens: list[int], keys: np.ndarray | None, values: np.ndarray | None,
                    offset: int, steps: int, bias: mx.array | None = None) -> list[int] | None:
         """`chain` over a cache given as host arrays (1, kv_heads, capacity, head_dim) whose first
-        `offset` positions are the head's: one row of a batch's cache reads in place too."""
-        pairs = len(tokens)
-        if pairs < 1 or pairs + steps > MAX_SLOTS or hidden.shape[1] != pairs:
-            return None
+        `offset` positions are the head's."""
+        out = self.chain_rows([(hidden, tokens, keys, values, offset, bias)], steps)
+        return None if out is None else out[0]
+
+    def chain_rows(self, rows: list[tuple], steps: int) -> list[list[int]] | None:
+        """One chain per row of a batch, each (hidden, tokens, keys, values, offset, bias) as
+        `chain_over` takes it (a row's part of the batch's cache reads in place). Two rows or more
+        split over this thread and a helper (ctypes lets go of the GIL; the MLX stream is idle
+        meanwhile). None when the kernel refuses any row."""
         self._lm_head()
-        if bias is not None and bias.shape[0] != self.head.vocab:
-            return None
-        self._bias(bias)
-        end = offset + pairs + steps
-        self.table.at(0, end)  # grows the table to cover the chain's positions
+        ends = []
+        for hidden, tokens, keys, values, offset, bias in rows:
+            pairs = len(tokens)
+            if pairs < 1 or pairs + steps > MAX_SLOTS or hidden.shape[1] != pairs \
+                    or (bias is not None and bias.shape[0] != self.head.vocab) \
+                    or (offset and (keys is None or keys.dtype != np.float32 or not keys.flags.c_contiguous
+                                    or not values.flags.c_contiguous or offset > keys.shape[2])):
+                return None
+            ends.append(offset + pairs + steps)
+        self.table.at(0, max(ends))  # grows the table to cover every chain's positions
         rope = _view(self.table.rows)
-        self.head.rope, self.head.rope_rows = rope.ctypes.data, rope.shape[0]
-        if offset:
-            if keys.dtype != np.float32 or not (keys.flags.c_contiguous and values.flags.c_contiguous):
-                keys, values = np.ascontiguousarray(keys, np.float32), np.ascontiguousarray(values, np.float32)
-            cap, kp, vp = keys.shape[2], keys.ctypes.data, values.ctypes.data
-        else:
-            cap, kp, vp = 0, None, None
-        need = int(self.lib.mtplx_draft_scratch(ctypes.byref(self.head), end))
-        if self._scratch.size < need:
-            self._scratch = np.zeros(max(need, 2 * self._scratch.size), dtype=np.float32)
-        mx.eval(hidden)
-        rows = np.ascontiguousarray(np.array(hidden, copy=False)[0], dtype=np.float32)
-        ids = np.array(tokens, dtype=np.int32)
-        done = self.lib.mtplx_draft_chain(ctypes.byref(self.head), ctypes.c_void_p(rows.ctypes.data),
-                                          ctypes.c_void_p(ids.ctypes.data), ctypes.c_int(pairs), ctypes.c_void_p(kp),
-                                          ctypes.c_void_p(vp), ctypes.c_int(cap), ctypes.c_int(offset),
-                                          ctypes.c_int(steps), ctypes.c_void_p(self._scratch.ctypes.data),
-                                          ctypes.c_long(self._scratch.size), ctypes.c_void_p(self._out.ctypes.data))
-        if done != steps:
-            log.warning("the native draft chain made %d of %d drafts; this round drafts with MLX", done, steps)
+        mx.eval([r[0] for r in rows])
+        while len(self._spaces) < len(rows):
+            self._spaces.append(_Workspace())
+        calls = []
+        for (hidden, tokens, keys, values, offset, bias), end, space in zip(rows, ends, self._spaces):
+            head = _Head.from_buffer_copy(self.head)
+            head.rope, head.rope_rows, head.bias = rope.ctypes.data, rope.shape[0], self._bias_view(bias)
+            space.fit(int(self.lib.mtplx_draft_scratch(ctypes.byref(head), end)))
+            space.hidden = np.ascontiguousarray(np.array(hidden, copy=False)[0], dtype=np.float32)
+            space.ids = np.array(tokens, dtype=np.int32)
+            cap, kp, vp = (keys.shape[2], keys.ctypes.data, values.ctypes.data) if offset else (0, None, None)
+            calls.append((head, space, cap, kp, vp, offset))
+        split = (len(calls) + 1) // 2  # this thread's share; the helper takes the rest
+        later = self._helper().submit(self._run_all, calls[split:], steps) if split < len(calls) else None
+        done = self._run_all(calls[:split], steps) + (later.result() if later is not None else [])
+        if any(d != steps for d in done):
+            log.warning("the native draft chain made %s of %d drafts; this round drafts with MLX", done, steps)
             return None
-        return self._out[:steps].tolist()
+        return [space.out[:steps].tolist() for _, space, *_ in calls]
 
-    def _bias(self, bias: mx.array | None) -> None:
+    def _run_all(self, calls: list[tuple], steps: int) -> list[int]:
+        return [self.lib.mtplx_draft_chain(ctypes.byref(head), ctypes.c_void_p(space.hidden.ctypes.data),
+                                           ctypes.c_void_p(space.ids.ctypes.data), ctypes.c_int(len(space.ids)),
+                                           ctypes.c_void_p(kp), ctypes.c_void_p(vp), ctypes.c_int(cap),
+                                           ctypes.c_int(offset), ctypes.c_int(steps),
+                                           ctypes.c_void_p(space.scratch.ctypes.data), ctypes.c_long(space.scratch.size),
+                                           ctypes.c_void_p(space.out.ctypes.data))
+                for head, space, cap, kp, vp, offset in calls]
+
+    def _helper(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtplx-draft")
+        return self._pool
+
+    def _bias_view(self, bias: mx.array | None) -> int | None:
+        """The address of a rule's vector on the host (made once per request: logit_mask.py)."""
         if bias is None:
-            self.head.bias = None
-            return
-        if self._bias_key is not bias:  # a rule's vector is made once per request (logit_mask.py)
-            self._views["bias"] = np.ascontiguousarray(_view(bias.astype(mx.float32)))
-            self._bias_key = bias
-        self.head.bias = self._views["bias"].ctypes.data
+            return None
+        if id(bias) not in self._biases:
+            if len(self._biases) >= 64:
+                self._biases.clear()
+            self._biases[id(bias)] = (bias, np.ascontiguousarray(_view(bias.astype(mx.float32))))
+        return self._biases[id(bias)][1].ctypes.data
 
-    def pending_kv(self, pairs: int) -> tuple[mx.array, mx.array]:
-        """The last chain's keys and values of its pending pairs, (1, kv_heads, pairs, head_dim) each."""
+    def pending_kv(self, pairs: int, row: int = 0) -> tuple[mx.array, mx.array]:
+        """The keys and values of the last chain's (of `row`'s) pending pairs, (1, kv_heads, pairs,
+        head_dim) each."""
         kvh, d = self.head.kv_heads, self.head.head_dim
-        slots = self._scratch[:2 * kvh * MAX_SLOTS * d].reshape(2, kvh, MAX_SLOTS, d)
+        slots = self._spaces[row].scratch[:2 * kvh * MAX_SLOTS * d].reshape(2, kvh, MAX_SLOTS, d)
         return mx.array(slots[0, None, :, :pairs]), mx.array(slots[1, None, :, :pairs])
