@@ -40,13 +40,15 @@ def prompts(engine: Engine, n: int) -> list[tuple[int, ...]]:
                                           add_generation_prompt=True)) for i in range(n)]
 
 
-def run(engine: Engine, batch: list[tuple[int, ...]], tokens: int) -> tuple[float, list[tuple[int, ...]]]:
-    """Submit all at once; aggregate decode tok/s and each request's tokens."""
+def run(engine: Engine, batch: list[tuple[int, ...]], tokens: int, **fields) -> tuple[float, list[tuple[int, ...]]]:
+    """Submit all at once; aggregate decode tok/s and each request's tokens. `fields`: the
+    requests' other fields (use_mtp=False: AR)."""
     marks: dict[str, list] = {}
     listener = lambda e: marks.setdefault(e.request_id, []).append(e) if isinstance(e, (FirstToken, Finished)) else None
     engine.listeners.append(listener)
     try:
-        subs = [engine.submit(GenerationRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True), session=f"s{i}"))
+        subs = [engine.submit(GenerationRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True), session=f"s{i}",
+                                                 **fields))
                 for i, p in enumerate(batch)]
         done = [s.result() for s in subs]
     finally:

@@ -1,0 +1,74 @@
+"""The draft chain in C against MLX's, side by side in one process (engine/native_draft.py).
+
+    python bench/native_draft.py [--models tiny-dense tiny-hybrid] [--rounds 6] [--tokens 128] [--depth 3]
+
+Per model, each round runs, in alternating order, with the head's drafts in C and in MLX:
+- one greedy request alone (bench/concurrency.py's prompts), MTP at `--depth`, and AR once;
+- the four prompts at once (one batch).
+Decode tok/s as bench/concurrency.py counts it (tokens after each first token, over the span from
+the first FirstToken to the last Finished). Prints medians, C/MLX, and MTP/AR per chain. Outputs
+are compared too: greedy drafts decide speed only. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mtplx import fast_path  # noqa: E402,F401  (before MLX: loads MKL in this process)
+from concurrency import prompts, run  # noqa: E402
+from mtplx.catalog import resolve  # noqa: E402
+from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["tiny-dense", "tiny-hybrid"])
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=3)
+    args = ap.parse_args()
+    for name in args.models:
+        engine = Engine(resolve(name), EngineConfig(use_mtp=True, depth=args.depth), name=name).start()
+        try:
+            native = engine.call(engine.runner.native_draft)
+            if native is None:
+                print(f"{name}: no C chain here ({engine.runner.native_draft_reason})")
+                continue
+            batch = prompts(engine, 4)
+            run(engine, batch, 16)  # warm up
+            tps = {(arm, kind): [] for arm in ("c", "mlx") for kind in ("alone", "4 at once")}
+            ar, same = [], True
+            for r in range(args.rounds):
+                outs = {}
+                for arm in ("c", "mlx") if r % 2 == 0 else ("mlx", "c"):
+                    engine.call(lambda: setattr(engine.runner, "_native_draft", native if arm == "c" else None))
+                    one, outs[arm, "alone"] = run(engine, batch[r % 4 : r % 4 + 1], args.tokens)
+                    tps[arm, "alone"].append(one)
+                    together, outs[arm, "4"] = run(engine, batch, args.tokens)
+                    tps[arm, "4 at once"].append(together)
+                engine.call(lambda: setattr(engine.runner, "_native_draft", native))
+                ar.append(run(engine, batch[r % 4 : r % 4 + 1], args.tokens, use_mtp=False)[0])
+                same = same and outs["c", "alone"] == outs["mlx", "alone"] and outs["c", "4"] == outs["mlx", "4"]
+            med = {key: statistics.median(v) for key, v in tps.items()}
+            ar_tps = statistics.median(ar)
+            print(f"\n{name}: depth {args.depth}, medians of {args.rounds} rounds, {args.tokens} greedy tokens")
+            print(f"{'':<10} {'C tok/s':>9} {'MLX tok/s':>10} {'C/MLX':>6}")
+            for kind in ("alone", "4 at once"):
+                c, m = med["c", kind], med["mlx", kind]
+                print(f"{kind:<10} {c:>9.0f} {m:>10.0f} {c / m:>6.2f}")
+            print(f"AR alone {ar_tps:.0f} tok/s: MTP/AR with C {med['c', 'alone'] / ar_tps:.2f}, "
+                  f"with MLX {med['mlx', 'alone'] / ar_tps:.2f}; 4 at once / alone: with C "
+                  f"{med['c', '4 at once'] / med['c', 'alone']:.2f}, with MLX {med['mlx', '4 at once'] / med['mlx', 'alone']:.2f}")
+            print(f"outputs the same with either chain: {same}")
+        finally:
+            engine.stop()
+
+
+if __name__ == "__main__":
+    main()
