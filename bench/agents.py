@@ -5,15 +5,18 @@ later turn against the bank's reuse ceiling, errors. Not part of CI (slow; needs
 
     python bench/agents.py [--clients claude,codex,opencode,pi,qwen] [--context-window 65536]
                            [--cache ~/.cache/mtplx-agents] [--record DIR] [--model NAME_OR_DIR] [--ssd] [--together]
+                           [--keep]
 
 --together runs every client against one server, each turn started by all of them at once (the
 scheduler batches their decodes; the bank keeps each one's session): one row for all.
 
 The CLIs are installed from npm into --cache. Every client runs in a scratch git repository and
 a scratch HOME, pointed at 127.0.0.1 only. --record keeps each request (MTPLX_RECORD_DIR) per
-client, the material of tests/fixtures/clients/. Each row names its scratch directory, where
-mtplx/serve.log holds the server's stderr and mtplx/events.jsonl the engine's restores, finishes
-and bank decisions (what explains a later turn's shortfall, also listed in the row).
+client, the material of tests/fixtures/clients/. A row with errors (or every row, with --keep)
+names its scratch directory, where mtplx/serve.log holds the server's stderr and
+mtplx/events.jsonl the engine's restores, finishes and bank decisions (what explains a later
+turn's shortfall, also listed in the row); the others' scratch is removed (with --ssd its bank
+alone is ~0.7 GB).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -171,7 +175,8 @@ def receipts(home: Path) -> list[dict]:
     return rows
 
 
-def run_clients(names: list[str], versions: dict, cache: Path, window: int, timeout: float, record: Path | None) -> dict:
+def run_clients(names: list[str], versions: dict, cache: Path, window: int, timeout: float, record: Path | None,
+                keep: bool = False) -> dict:
     """The clients' two turns against one fresh server: alone (one name), or together (each turn
     of every client started at once, as agents and their subagents share one local server). The
     row's counts and turn-2 figures are over all of them."""
@@ -216,12 +221,14 @@ def run_clients(names: list[str], versions: dict, cache: Path, window: int, time
         unwatch()
         server.terminate()
         server.wait(30)
+    if not errors and not keep:  # a row with errors keeps its scratch to look into; the bank alone is ~0.7 GB
+        shutil.rmtree(root, ignore_errors=True)
     later = [r for rows in turn_rows[1:] for r in rows]
     cached, ceiling = sum(r["cached_tokens"] or 0 for r in later), sum(r["ceiling"] or 0 for r in later)
     return {"client": label, "version": "+".join(versions[n] for n in names), "requests": sum(codes.values()),
             "statuses": codes, "turn2": f"{cached}/{ceiling}" + (f" ({cached / ceiling:.3f})" if ceiling else ""),
             "turn2_requests": len(later), "shortfalls": [r["shortfall"] for r in later if r["shortfall"]],
-            "scratch": str(root), "errors": errors}
+            "scratch": str(root) if root.exists() else "(removed)", "errors": errors}
 
 
 def main() -> None:
@@ -232,6 +239,7 @@ def main() -> None:
     parser.add_argument("--context-window", type=int, default=65536)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per turn")
     parser.add_argument("--record", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true", help="keep every row's scratch directory (rows with errors keep theirs anyway)")
     parser.add_argument("--model", default=MODEL,
                         help="what the server loads: an embedded name or a model directory (e.g. a 4-bit `mtplx convert` output)")
     parser.add_argument("--ssd", action="store_true", help="serve with the bank's SSD tier on, as `mtplx serve` defaults to")
@@ -245,7 +253,8 @@ def main() -> None:
     names = args.clients.split(",")
     rows = []
     for group in ([names] if args.together else [[n] for n in names]):
-        rows.append(run_clients(group, versions, args.cache, args.context_window, args.timeout, args.record))
+        rows.append(run_clients(group, versions, args.cache, args.context_window, args.timeout, args.record,
+                                args.keep))
         print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'client':<9} {'version':<9} {'requests':>8}  {'statuses':<16} {'turn 2 cached/ceiling':<24} errors")
     for r in rows:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import tempfile
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from mtplx.replay.live_agent import AgentSession  # noqa: E402
 from mtplx.synth.agent import Sizes, conversation  # noqa: E402
 from mtplx.synth.corpus import Corpus  # noqa: E402
 from mtplx.synth.heads import HEADS  # noqa: E402
+from scratch import scratch_dir  # noqa: E402
 
 MAX_TOKENS = 160
 
@@ -76,7 +76,7 @@ def run_turn(engine: Engine, prompt, chat, session):
 
 
 def run_scenario(name, sessions, order, bank_config, model, rows, restarts):
-    ssd_root = Path(tempfile.mkdtemp(prefix="mtplx-bench-ssd-"))
+    ssd_root = scratch_dir("mtplx-bench-ssd-")
     ssd = SsdConfig(ssd_root, budget_bytes=1 << 30, free_floor_bytes=0)
     warm = Engine(resolve(model), EngineConfig(), name=model, bank=bank_config, ssd=ssd).start()
     cold = Engine(resolve(model), EngineConfig(), name=model).start()

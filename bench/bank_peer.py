@@ -14,9 +14,7 @@ message the session had not sent before (excluding the server's own reply) start
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 
@@ -25,6 +23,7 @@ from mtplx.bank.spans import message_spans, reuse_ratio
 from mtplx.chat import render
 from mtplx.replay.client import stream_turn
 from peer_server import mlx_lm_server
+from scratch import scratch_dir
 
 MAX_TOKENS = 160
 
@@ -47,7 +46,7 @@ def run_scenario(name, sessions, order, bank_config, model, rows, arm: str = "")
 
     settings = parse_arm(arm)  # e.g. "no-mtp": the same comparison without speculation
     path = resolve(model)
-    ssd_root = Path(tempfile.mkdtemp(prefix="mtplx-bench-ssd-"))  # as `mtplx serve` runs: RAM + SSD tiers
+    ssd_root = scratch_dir("mtplx-bench-ssd-")  # as `mtplx serve` runs: RAM + SSD tiers
     engine = Engine(path, engine_config(path, settings["depth"], not settings["mtp"]), name=model, bank=bank_config,
                     ssd=SsdConfig(ssd_root, budget_bytes=1 << 30, free_floor_bytes=0)).start()
     server = BackgroundServer(create_app(engine, model)).start()

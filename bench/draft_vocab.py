@@ -25,8 +25,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mtplx  # noqa: E402,F401  (the CPU fast path before MLX)
+from scratch import scratch_dir  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
 from mtplx.catalog import resolve  # noqa: E402
@@ -178,10 +180,9 @@ def main() -> None:
     parser.add_argument("--no-shapes", action="store_true", help="skip the real-shape timing")
     args = parser.parse_args()
     import os
-    import tempfile
-
+    
     # A fresh home: the set is learned here, never read from what an earlier run or server kept.
-    os.environ["MTPLX_HOME"] = tempfile.mkdtemp(prefix="mtplx-bench-draft-vocab-")
+    os.environ["MTPLX_HOME"] = str(scratch_dir("mtplx-bench-draft-vocab-"))
     # Forced on: by default (auto) the embedded models keep the whole vocabulary, their LM head
     # being about half a draft step; this shows why.
     os.environ["MTPLX_DRAFT_VOCAB"] = "on"

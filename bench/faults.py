@@ -17,15 +17,16 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import httpx  # noqa: E402
+from scratch import scratch_dir  # noqa: E402
 
 from tests.test_faults import (FIRST, LONG, MODEL, Served, _damage, _fail_writes, _serve_process,  # noqa: E402
                                abandon_in_prefill, second_turn, serve_on_busy_port, sigterm_mid_stream,
@@ -73,7 +74,7 @@ def reference() -> tuple[dict, dict]:
 
 def restart_rows(cold) -> None:
     for how in ("none", "truncated", "flipped", "empty", "header_garbage", "missing", "manifest_garbage"):
-        root = Path(tempfile.mkdtemp(prefix="mtplx-faults-"))
+        root = Path(scratch_dir("mtplx-faults-"))
         served = Served(root)
         first = served.chat(FIRST)
         served.close()
@@ -95,7 +96,7 @@ def restart_rows(cold) -> None:
 
 def disk_rows(cold) -> None:
     for how in ("writer_error", "read_only", "disk_full"):
-        root = Path(tempfile.mkdtemp(prefix="mtplx-faults-"))
+        root = Path(scratch_dir("mtplx-faults-"))
         served = Served(root)
         patch = Patch()
         try:
@@ -122,7 +123,7 @@ def real_full_disk_row() -> None:
     import shutil
     import sqlite3
 
-    mount = Path(tempfile.mkdtemp(prefix="mtplx-full-"))
+    mount = Path(scratch_dir("mtplx-full-"))
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True).returncode:
         row("real full disk (tmpfs)", 0, 0, True, None, "(not run: mounting a tmpfs needs root)")
         return
@@ -239,7 +240,7 @@ def queued_abort_row() -> None:
 def banked_abort_row(cold) -> None:
     """The default server has a bank: an abandoned prefill still frees the engine at once, and
     the same request resent restores the prefix it had computed."""
-    served = Served(Path(tempfile.mkdtemp(prefix="mtplx-faults-")), chunk_size=64)
+    served = Served(Path(scratch_dir("mtplx-faults-")), chunk_size=64)
     try:
         fin, progress = abandon_in_prefill(served)
         served.engine.settle()
@@ -271,7 +272,7 @@ def engine_death_row() -> None:
 
 
 def sigterm_row() -> None:
-    home = Path(tempfile.mkdtemp(prefix="mtplx-faults-"))
+    home = Path(scratch_dir("mtplx-faults-"))
     proc, url = _serve_process(home)
     lines = sigterm_mid_stream(proc, url)
     code = proc.wait(60)
@@ -290,7 +291,7 @@ def sigterm_row() -> None:
 
 def busy_port_row() -> None:
     t = time.perf_counter()
-    code, lines = serve_on_busy_port(Path(tempfile.mkdtemp()))
+    code, lines = serve_on_busy_port(scratch_dir("mtplx-faults-port-"))
     row("serve on a busy port", 0, int(code != 2), code == 2 and len(lines) == 1, None,
         f"(exit {code} in {time.perf_counter() - t:.1f}s: {lines[-1] if lines else ''})")
 
@@ -306,7 +307,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=5, help="kill -9 rounds during SSD writes")
     args = parser.parse_args()
-    os.environ.setdefault("MTPLX_HOME", tempfile.mkdtemp(prefix="mtplx-faults-home-"))
+    os.environ.setdefault("MTPLX_HOME", str(scratch_dir("mtplx-faults-home-")))
     cold = reference()
     restart_rows(cold)
     disk_rows(cold)

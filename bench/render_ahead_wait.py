@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from mtplx.engine.sampling import SamplingParams  # noqa: E402
 from mtplx.events import FirstToken, Queued, Restored  # noqa: E402
 from mtplx.launch import open_engine  # noqa: E402
 from turns import REPLY_TOKENS, prompts, with_nonce  # noqa: E402
+from scratch import scratch_dir  # noqa: E402
 
 ARMS = {"steps aside": "on", "whole chunks": "off"}
 
@@ -37,7 +37,7 @@ ARMS = {"steps aside": "on", "whole chunks": "off"}
 def measure(model: str, preempt: str, turns: int, workload) -> list[tuple[float, float]]:
     cold, (messages, tool_msg, tools) = workload
     os.environ["MTPLX_RENDER_AHEAD_PREEMPT"] = preempt
-    os.environ["MTPLX_HOME"] = tempfile.mkdtemp(prefix="mtplx-bench-home-")
+    os.environ["MTPLX_HOME"] = str(scratch_dir("mtplx-bench-home-"))
     engine = open_engine(model, ssd=False, receipts=False)
     tok = engine.checkpoint.tokenizer
 

@@ -16,13 +16,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from peer_server import mlx_lm_server  # noqa: E402
+from scratch import scratch_dir  # noqa: E402
 
 MTPLX = [sys.executable, "-m", "mtplx.cli"]
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--transcripts", nargs="+", type=Path, default=sorted((ROOT / "sample_transcripts").glob("*.json")))
     parser.add_argument("--pause", type=float, default=0.0, help="Seconds between turns (an agent's tool time).")
     args = parser.parse_args()
-    env = dict(os.environ, MTPLX_HOME=tempfile.mkdtemp(prefix="mtplx-replay-peer-"))
+    env = dict(os.environ, MTPLX_HOME=str(scratch_dir("mtplx-replay-peer-")))
     failed = []
     for transcript in args.transcripts:
         print(f"\n#### {transcript.name} on {args.model}")

@@ -35,9 +35,11 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mtplx.replay.client import ReplayRejected, stream_turn  # noqa: E402
 from mtplx.synth.agent import Sizes, conversation  # noqa: E402
+from scratch import scratch_dir  # noqa: E402
 from mtplx.synth.corpus import Corpus  # noqa: E402
 from mtplx.synth.heads import HEADS  # noqa: E402
 
@@ -78,7 +80,7 @@ def instances(model: str, n: int):
     procs, homes = [], []
     try:
         for _ in range(n):
-            port, home = free_port(), tempfile.mkdtemp(prefix="mtplx-router-home-")
+            port, home = free_port(), str(scratch_dir("mtplx-router-home-"))
             homes.append(home)
             proc = subprocess.Popen([sys.executable, "-m", "mtplx.cli", "serve", "--model", model, "--port", str(port)],
                                     env={**os.environ, "MTPLX_HOME": home}, stdout=subprocess.DEVNULL,

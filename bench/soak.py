@@ -18,13 +18,14 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
 
 import httpx  # noqa: E402
+from scratch import scratch_dir  # noqa: E402
 
 
 def serve(model: str, home: str) -> tuple[subprocess.Popen, str]:
@@ -68,7 +69,7 @@ def main() -> None:
         raise SystemExit("needs Linux /proc to read the server's resident memory")
     words = (ROOT / "mtplx" / "engine" / "engine.py").read_text().split()
     rnd, conversations, marks = random.Random(0), {}, []
-    proc, url = serve(args.model, tempfile.mkdtemp(prefix="mtplx-soak-"))
+    proc, url = serve(args.model, str(scratch_dir("mtplx-soak-")))
     try:
         with httpx.Client(timeout=300) as client:
             t0 = time.monotonic()

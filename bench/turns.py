@@ -133,6 +133,7 @@ def mtplx_server(model: str, args: list[str], env: dict | None = None):
     """`mtplx serve` in a child process, as a user runs it (its own interpreter: the bench's client
     work never contends with the server's threads), with a fresh home."""
     import os
+    import shutil
     import subprocess
     import tempfile
 
@@ -157,6 +158,7 @@ def mtplx_server(model: str, args: list[str], env: dict | None = None):
         MTPLX_URLS.remove(url) if url in MTPLX_URLS else None
         proc.terminate()
         proc.wait(30)
+        shutil.rmtree(home, ignore_errors=True)  # its bank's files: ~0.7 GB a server (bench/scratch.py says why)
 
 
 def tuned_depth(model: str) -> int | None:
