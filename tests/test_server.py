@@ -699,6 +699,38 @@ def test_a_long_render_never_holds_the_other_clients(server, monkeypatch):
     assert done["short"] < done["long"] and done["short"] - started < 2.5
 
 
+def test_a_server_that_stops_ends_a_watchers_stream_cleanly(dense_engine):
+    """A watcher (`mtplx tui --attach`) never ends its event stream by itself: a stopping server
+    ends it (the client sees the stream close) well before uvicorn's graceful timeout would cut it
+    with a traceback in the log."""
+    from mtplx.server.background import BackgroundServer
+
+    served = BackgroundServer(create_app(dense_engine, "tiny-dense")).start()
+    connected, ended, errors = threading.Event(), threading.Event(), []
+
+    def watch():
+        try:
+            with httpx.stream("GET", served.url + "/v1/mtplx/events", timeout=30) as r:
+                for line in r.iter_lines():
+                    if line.startswith(": connected"):
+                        connected.set()
+            ended.set()
+        except Exception as exc:  # a cut connection, not a closed stream
+            errors.append(exc)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        assert connected.wait(30)
+    finally:
+        start = time.monotonic()
+        served.stop()
+    thread.join(10)
+    assert ended.is_set() and not errors, errors
+    assert time.monotonic() - start < 1.5  # uvicorn waits up to 2 s here, then cancels
+    assert not [f for f in dense_engine.listeners if getattr(f, "__qualname__", "").startswith("Watchers")]
+
+
 def test_a_model_without_a_chat_template_says_so(tmp_path):
     import shutil
 

@@ -58,6 +58,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
     metrics = Metrics(getattr(engine, "layout", None))
     engine.listeners.append(metrics.observe)
     app.state.metrics, app.state.encode_cache = metrics, cache
+    app.state.watchers = event_watch.Watchers()  # GET /v1/mtplx/events streams, ended at shutdown
     recorder = Recorder.from_env()
     rules = ToolRules(tokenizer, engine.eos_ids, getattr(engine.checkpoint, "tool_format", None))
     signer = Signer(lambda: home_path("signing.key"))
@@ -143,7 +144,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, defaults: Sa
 
     @app.get("/v1/mtplx/events")
     async def engine_events(request: Request):
-        return StreamingResponse(event_watch.watch(engine), media_type="text/event-stream")
+        return StreamingResponse(app.state.watchers.watch(engine), media_type="text/event-stream")
 
     bank_watch = BankWatch(engine)  # the bank's summary as of its last event, readable mid-request
     engine.listeners.append(bank_watch)
@@ -559,6 +560,7 @@ def serve_forever(app: FastAPI, sock, on_signal=lambda: None) -> list[int]:
         def handle_exit(self, sig, frame):
             super().handle_exit(sig, frame)
             on_signal()
+            app.state.watchers.close_all()  # a watcher's stream never ends by itself
 
     def record(sig, frame):
         if received and sig == signal.SIGINT:

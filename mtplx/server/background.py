@@ -21,6 +21,7 @@ class BackgroundServer:
         anything loaded), else on `port` (0 or None: any free port, bound here)."""
         import uvicorn
 
+        self.app = app
         self.sock = sock or bind(host, port or 0)
         self.host, self.port = self.sock.getsockname()[:2]
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
@@ -42,6 +43,9 @@ class BackgroundServer:
         return self
 
     def stop(self) -> None:
+        watchers = getattr(self.app.state, "watchers", None)
+        if watchers is not None:  # a watcher's stream never ends by itself (server/event_watch.py)
+            watchers.close_all()
         self.server.should_exit = True
         self.thread.join(10)
         self.sock.close()
