@@ -7,12 +7,14 @@ LM head, ~1.9M multiply-adds) is a fraction of that. A depth-3 round spent a thi
 drafting. Drafts decide speed only: the trunk verifies every one, so the output is the same
 whoever drafts (tests/test_native_draft.py checks MTP == AR with the chain here).
 
-What stays in MLX: the chain's first head step over the pending pairs (it writes their keys and
-values to the head's cache, which the bank and rollback own). What runs here: each draft's LM head
-and argmax, and the head steps between drafts, reading the head's weights and cache in place and
-keeping the chain's own keys and values in a scratch buffer (the engine drops a chain's cache
-entries after the verify anyway). Greedy drafts only; sampled drafts, rules on the logits, batches,
-quantized or MoE heads and sharded models keep the MLX chain. MTPLX_NATIVE_DRAFT=off turns it off.
+What runs here, per round: the head over the round's pending pairs (the keys and values of every
+pair, the whole layer for the last), each draft's LM head (the draft vocabulary's rows when set, a
+history-free rule's vector added) and argmax, and the head steps between drafts. It reads the
+head's cache in place and half-precision copies of its matrices; the pairs' keys and values go back
+to the head's cache through MLX (the caller appends `pending_kv`), the chain's own positions stay in
+its scratch buffer. A batch's rows run one chain each, split over the engine thread and a helper.
+Sampled drafts, rules that read history, quantized or MoE heads and sharded models keep the MLX
+chain. MTPLX_NATIVE_DRAFT=off turns it off.
 """
 
 from __future__ import annotations
@@ -182,20 +184,15 @@ class NativeDraft:
             keys, values = np.array(cache.keys, copy=False), np.array(cache.values, copy=False)
         else:
             keys = values = None
-        return self.chain_over(hidden, tokens, keys, values, cache.offset, steps, bias)
-
-    def chain_over(self, hidden: mx.array, tokens: list[int], keys: np.ndarray | None, values: np.ndarray | None,
-                   offset: int, steps: int, bias: mx.array | None = None) -> list[int] | None:
-        """`chain` over a cache given as host arrays (1, kv_heads, capacity, head_dim) whose first
-        `offset` positions are the head's."""
-        out = self.chain_rows([(hidden, tokens, keys, values, offset, bias)], steps)
+        out = self.chain_rows([(hidden, tokens, keys, values, cache.offset, bias)], steps)
         return None if out is None else out[0]
 
     def chain_rows(self, rows: list[tuple], steps: int) -> list[list[int]] | None:
-        """One chain per row of a batch, each (hidden, tokens, keys, values, offset, bias) as
-        `chain_over` takes it (a row's part of the batch's cache reads in place). Two rows or more
-        split over this thread and a helper (ctypes lets go of the GIL; the MLX stream is idle
-        meanwhile). None when the kernel refuses any row."""
+        """One chain per row of a batch, each (hidden, tokens, keys, values, offset, bias): as
+        `chain` takes them, with the head's cache as host arrays (1, kv_heads, capacity, head_dim)
+        whose first `offset` positions are the head's (a row's part of a batch's cache reads in
+        place). Two rows or more split over this thread and a helper (ctypes lets go of the GIL;
+        the MLX stream is idle meanwhile). None when the kernel refuses any row."""
         self._lm_head()
         ends = []
         for hidden, tokens, keys, values, offset, bias in rows:
