@@ -132,6 +132,30 @@ def test_switched_off_or_on_another_path_the_mlx_chain_drafts(dense_engine, monk
     assert native.chain(mx.zeros((1, 70, 256)), [1] * 70, cache, 2) is None  # past the kernel's 64 slots
 
 
+def test_a_bigger_head_or_lm_head_keeps_the_mlx_chain(dense_engine, monkeypatch):
+    """A head whose step is compute (more multiply-adds than the kernel pays for) is refused with
+    the reason; LM-head rows too big to copy make a round draft with MLX, and MTP still equals AR."""
+    from mtplx.engine import native_draft
+
+    monkeypatch.setattr(native_draft, "MAX_HEAD_MACS", 100_000)
+    native, why = dense_engine.call(lambda: NativeDraft.for_runner(dense_engine.runner))
+    assert native is None and "compute-bound" in why
+    monkeypatch.undo()
+    native = _native(dense_engine)
+    monkeypatch.setattr(native_draft, "MAX_LM_COPY_BYTES", 1024)
+    dense_engine.call(lambda: setattr(native, "_lm_key", None))  # as if the draft vocabulary changed
+    try:
+        assert dense_engine.call(lambda: native.chain(mx.zeros((1, 1, 256)), [1], dense_engine.runner.new_mtp_cache(), 2)) is None
+        prompt = tuple(_prompt(dense_engine, "Why would a build fail after renaming a module?"))
+        params = SamplingParams(max_tokens=32)
+        mtp = dense_engine.submit(GenerationRequest(prompt, params, use_mtp=True, depth=3)).result()
+        ar = dense_engine.submit(GenerationRequest(prompt, params, use_mtp=False)).result()
+        assert mtp.token_ids == ar.token_ids
+    finally:
+        monkeypatch.undo()
+        dense_engine.call(lambda: setattr(native, "_lm_key", None))
+
+
 def test_a_batch_drafts_every_row_in_c_and_each_row_equals_ar_greedy(engine, monkeypatch):
     """Four greedy requests arriving together decode as one batch; each round drafts all rows in
     C (split over two threads), rows with different pending pairs and acceptance, one with a

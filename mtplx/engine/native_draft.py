@@ -35,9 +35,14 @@ log = logging.getLogger(__name__)
 ENV = "MTPLX_NATIVE_DRAFT"
 BUILD = native_build.Kernel("draft_step", extra=("-mf16c",), features=("f16c",))  # half-precision weight loads
 MAX_SLOTS = 64  # the kernel's scratch slots: pending pairs + drafts
-# The half-precision copies of the head's matrices and LM head cost memory; past this a head keeps
-# the MLX chain (a large head's step is compute, not dispatch, anyway). The embedded models: ~4 MB.
-MAX_COPY_BYTES = 256 << 20
+# The chain pays where a head step is dispatch-bound: measured on the embedded models' heads (~0.9M
+# multiply-adds a step in its matrices), where one core's loops beat MLX's ~40 dispatched ops. A
+# bigger head's step is compute, which MLX spreads over MKL's threads: it keeps MLX's chain (not
+# measured here, so not claimed).
+MAX_HEAD_MACS = 4_000_000
+# The LM head rows drafts are chosen from are copied to half precision; past this (a real
+# vocabulary before a draft vocabulary is learned) that round drafts with MLX.
+MAX_LM_COPY_BYTES = 64 << 20
 
 
 class _Head(ctypes.Structure):
@@ -112,9 +117,10 @@ class NativeDraft:
         if type(runner.embedding) is not nn.Embedding:
             raise ValueError("a quantized token embedding")
         matrices = ("fc", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-        copy = sum(arrays[n].size for n in matrices) * 2 + runner._project_module.weight.size * 2
-        if copy > MAX_COPY_BYTES:
-            raise ValueError(f"its half-precision copy would take {copy >> 20} MB (at most {MAX_COPY_BYTES >> 20})")
+        macs = sum(arrays[n].size for n in matrices)
+        if macs > MAX_HEAD_MACS:
+            raise ValueError(f"a head step of {macs / 1e6:.1f}M multiply-adds is compute-bound "
+                             f"(the kernel pays up to {MAX_HEAD_MACS / 1e6:.0f}M)")
         # Kept here: the kernel reads the vectors in place and the matrices' half-precision copies.
         self._views = {name: _view(a).astype(np.float16) if name in matrices else _view(a) for name, a in arrays.items()}
         hidden = head.fc.weight.shape[0]
@@ -149,12 +155,15 @@ class NativeDraft:
         except (ValueError, AttributeError, TypeError) as exc:
             return None, f"the head's layout is not one the kernel knows ({exc})"
 
-    def _lm_head(self) -> None:
-        """Point the kernel at the rows drafts are chosen from (the draft vocabulary's when set)."""
+    def _lm_head(self) -> bool:
+        """Point the kernel at the rows drafts are chosen from (the draft vocabulary's when set);
+        False when their copy would pass MAX_LM_COPY_BYTES."""
         runner = self.runner
         if self._lm_key is not None and self._lm_key[0] is runner.draft_ids:
-            return
+            return True
         weight = runner._project_module.weight if runner.draft_ids is None else runner.draft_weight
+        if weight.size * 2 > MAX_LM_COPY_BYTES:
+            return False
         self._views["lm_head"] = _view(weight).astype(np.float16)
         self.head.lm_head = self._views["lm_head"].ctypes.data
         self.head.vocab = weight.shape[0]
@@ -166,6 +175,7 @@ class NativeDraft:
             self._views["lm_ids"] = ids
             self.head.lm_ids = ids.ctypes.data
         self._lm_key = (runner.draft_ids,)
+        return True
 
     def usable(self, cache, pairs: int, steps: int) -> bool:
         return type(cache) is KVCache and pairs >= 1 and pairs + steps <= MAX_SLOTS
@@ -193,7 +203,8 @@ class NativeDraft:
         whose first `offset` positions are the head's (a row's part of a batch's cache reads in
         place). Two rows or more split over this thread and a helper (ctypes lets go of the GIL;
         the MLX stream is idle meanwhile). None when the kernel refuses any row."""
-        self._lm_head()
+        if not self._lm_head():
+            return None
         ends = []
         for hidden, tokens, keys, values, offset, bias in rows:
             pairs = len(tokens)
