@@ -329,6 +329,10 @@ class BankExecutor:
         entry = entry_from_state(gen.state, plan, turn.captures, [*plan.anchors, Anchor(len(tokens), MESSAGE)],
                                  gen.last_hidden)
         entry.origin = "render_ahead"
+        # Making the entry and storing it are ~6 ms each on the tiny models: a request that arrives
+        # in between goes first (a request whose prompt extends this rendering runs the store at
+        # once, in _preempt_render_ahead, and restores from it).
+        yield
         self.bank.put(entry)
 
     @property
@@ -345,8 +349,9 @@ class BankExecutor:
             try:
                 next(self.jobs[0][1])
                 return True
-            except StopIteration:
+            except StopIteration:  # its last step stored the entry: that was this step's work
                 self.jobs.popleft()
+                return self.has_idle_work
             except Exception as exc:  # idle work is an optimisation: a failure drops it, never the engine
                 log.exception("render-ahead failed")
                 self.bank.notify("render_ahead_failed", f"{type(exc).__name__}: {exc}")
