@@ -156,7 +156,7 @@ class DecodeBatch:
         row's last. Rows have 1..k+1 pairs: shorter rows are right-padded and cut back after."""
         counts = [len(s.pending_tokens) for s in specs]
         P = max(counts)
-        hidden = mx.concatenate([_pad(s.pending_hidden, P) for s in specs])
+        hidden = mx.concatenate([_pad(s.pending_hidden, P, axis=1) for s in specs])
         tokens = mx.array([s.pending_tokens + [0] * (P - n) for s, n in zip(specs, counts)])
         m = self.runner.draft_hidden(hidden, tokens, self.mtp, last=mx.array(counts) - 1)
         self.mtp.trim_rows([P - n for n in counts])
@@ -180,8 +180,8 @@ class DecodeBatch:
         pairs = [native.pending_kv(len(spec.pending_tokens), b) for b, spec in enumerate(specs)]
         counts = [len(s.pending_tokens) for s in specs]
         P = max(counts)
-        self.mtp.update_and_fetch(mx.concatenate([_pad_axis2(kv[0], P) for kv in pairs]),
-                                  mx.concatenate([_pad_axis2(kv[1], P) for kv in pairs]))
+        self.mtp.update_and_fetch(mx.concatenate([_pad(kv[0], P, axis=2) for kv in pairs]),
+                                  mx.concatenate([_pad(kv[1], P, axis=2) for kv in pairs]))
         self.mtp.trim_rows([P - n for n in counts])
         return mx.array(drafts, dtype=mx.uint32)
 
@@ -226,14 +226,14 @@ class DecodeBatch:
         return drafts, dists
 
 
-def _pad(hidden: mx.array, length: int) -> mx.array:
-    n = hidden.shape[1]
-    return hidden if n == length else mx.pad(hidden, [(0, 0), (0, length - n), (0, 0)])
-
-
-def _pad_axis2(kv: mx.array, length: int) -> mx.array:
-    n = kv.shape[2]
-    return kv if n == length else mx.pad(kv, [(0, 0), (0, 0), (0, length - n), (0, 0)])
+def _pad(array: mx.array, length: int, axis: int) -> mx.array:
+    """`array` right-padded with zeros to `length` along `axis`."""
+    n = array.shape[axis]
+    if n == length:
+        return array
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, length - n)
+    return mx.pad(array, widths)
 
 
 def _plain_greedy(gen: Generation) -> bool:

@@ -107,8 +107,7 @@ class Speculator:
         self.last_logprobs: list = []  # the last round's kept tokens' entries, when the request asks
         self.prediction, self.reply, self.head = prediction, reply, head
         self.predicted = False  # whether the last round's drafts came from the prediction
-        self.chain_entries = 0  # head cache entries the last draft chain added past its first step
-        self.native_chain = False  # whether the last lazy chain ran in C (engine/native_draft.py)
+        self.native_chain = False  # whether this round's chain ran in C (engine/native_draft.py)
 
     def _chain_start(self) -> mx.array:
         """The head's output for the last pending pair, (1, 1, H), which starts a draft chain; the
@@ -119,7 +118,6 @@ class Speculator:
         """k drafts, each read on the host (a tool rule or sampling needs the tokens as ints)."""
         runner = self.runner
         m = self._chain_start()
-        self.chain_entries = k - 1
         drafts, dists = [], []
         narrow = self.shape is None  # a rule that reads history judges the whole vocabulary
         for i in range(k):
@@ -147,12 +145,9 @@ class Speculator:
             drafts = native.chain(self.pending_hidden, self.pending_tokens, self.state.mtp, k, bias)
             if drafts is not None:
                 self.state.mtp.update_and_fetch(*native.pending_kv(len(self.pending_tokens)))
-                self.chain_entries = 0
                 self.native_chain = True
                 return mx.array(drafts, dtype=mx.uint32)
-        self.native_chain = False
         m = self._chain_start()
-        self.chain_entries = k - 1
         drafts = []
         for i in range(k):
             logits = runner.draft_logits(m)[0, -1:]
@@ -201,6 +196,7 @@ class Speculator:
         state, runner = self.state, self.runner
         # Greedy drafts without a tool rule never need the host until the verify is done.
         lazy = self.params.greedy and self.shape is None and predicted is None
+        self.native_chain = False
         t0 = time.perf_counter()
         if lazy:
             pending = self._lazy_drafts(k)
@@ -252,7 +248,8 @@ class Speculator:
         state.tokens.extend(fed[:kept])
         state.length += kept
         if predicted is None:
-            state.mtp.trim(self.chain_entries)  # drop the speculative MTP entries of draft steps 2..k
+            # the speculative MTP entries of draft steps 2..k (a C chain keeps its own off the cache)
+            state.mtp.trim(0 if self.native_chain else k - 1)
             self.pending_hidden = hidden[:, :kept, :]
             self.pending_tokens = drafts[:accepted] + [extra]
         elif self.head:  # the head saw nothing this round: its pairs wait for the next MTP draft
