@@ -308,11 +308,21 @@ def test_quit_mid_prefill_cancels_the_turn():
     from mtplx.engine.engine import Engine, EngineConfig
     from mtplx.events import PrefillProgress
 
-    # ~5.6k tokens in 16-token chunks: a prefill of seconds, well past the time a loaded machine
-    # takes to deliver the key (2.4k in 32-token chunks ran out first in ~1 of 3 runs)
+    import threading
+
+    # ~5.6k tokens in 16-token chunks. A prefill's length alone cannot make the race safe (CI once
+    # ran the whole prompt before the key arrived), so the engine thread is held at its first chunk
+    # (listeners run on it) until the key has been pressed: the cancel lands mid-prefill, always.
     engine = Engine(resolve("tiny-dense"), EngineConfig(chunk_size=16), name="tiny-dense").start()
     seen: list = []
-    engine.listeners.append(seen.append)
+    key_pressed = threading.Event()
+
+    def hold_at_first_chunk(event) -> None:
+        seen.append(event)
+        if isinstance(event, PrefillProgress) and sum(isinstance(e, PrefillProgress) for e in seen) == 1:
+            key_pressed.wait(timeout=30)
+
+    engine.listeners.append(hold_at_first_chunk)
 
     async def flow():
         app = MtplxApp(engine=engine, model_name="tiny-dense", max_tokens=8)
@@ -324,9 +334,11 @@ def test_quit_mid_prefill_cancels_the_turn():
                 if any(isinstance(e, PrefillProgress) for e in seen):
                     break
             await pilot.press("ctrl+q")
+            key_pressed.set()
 
     try:
         asyncio.run(flow())
+        key_pressed.set()  # released even if the app ended another way
         for _ in range(200):  # the cancelled turn's Finished arrives within a chunk
             if any(isinstance(e, Finished) for e in seen):
                 break
