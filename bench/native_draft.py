@@ -4,7 +4,9 @@
 
 Per model, each round runs, in alternating order, with the head's drafts in C and in MLX:
 - one greedy request alone (bench/concurrency.py's prompts), MTP at `--depth`, and AR once;
-- the four prompts at once (one batch).
+- the four prompts at once (one batch);
+- the kernel alone: a live batch's four rows' chains in one call (stepping together) against one
+  call per row, on one thread, and whether their drafts are the same.
 Decode tok/s as bench/concurrency.py counts it (tokens after each first token, over the span from
 the first FirstToken to the last Finished). Prints medians, C/MLX, and MTP/AR per chain. Outputs
 are compared too: greedy drafts decide speed only. Asserts nothing.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,6 +27,51 @@ from mtplx import fast_path  # noqa: E402,F401  (before MLX: loads MKL in this p
 from concurrency import prompts, run  # noqa: E402
 from mtplx.catalog import resolve  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
+
+
+def kernel_rows(engine, native, batch, depth: int, calls: int = 300) -> tuple[float, float, bool]:
+    """On the engine thread: four rows of a live batch (a few rounds in), their chains in one call
+    and one call per row; median ms of each, and whether the drafts agree."""
+    import mlx.core as mx
+    import numpy as np
+
+    from mtplx.engine.batch import DecodeBatch
+    from mtplx.engine.generation import Generation, StartPoint
+    from mtplx.engine.request import GenerationRequest
+    from mtplx.engine.sampling import SamplingParams
+
+    gens = []
+    for p in batch:
+        gen = Generation(engine.runner, GenerationRequest(p * 3, SamplingParams(max_tokens=64, ignore_eos=True)),
+                         use_mtp=True, depth=depth, chunk_size=engine.config.chunk_size, eos_ids=engine.eos_ids,
+                         submitted_at=0.0)
+        for _ in gen.prefill(StartPoint(), (), None):
+            pass
+        list(gen.first_token())
+        gens.append(gen)
+    b = DecodeBatch(engine.runner, gens)
+    try:
+        for _ in range(3):
+            for gen, result in zip(gens, b.step()):
+                list(gen.take_round(*result))
+        mx.eval(b.mtp.keys, b.mtp.values)
+        keys, values = np.array(b.mtp.keys, copy=False), np.array(b.mtp.values, copy=False)
+        rows = [(g.speculator.pending_hidden, g.speculator.pending_tokens, keys[i : i + 1], values[i : i + 1],
+                 b.mtp.lengths[i], None) for i, g in enumerate(gens)]
+        equal = native.chain_rows(rows, depth, helper=False) == [native.chain_rows([r], depth)[0] for r in rows]
+        times = {"together": [], "apart": []}
+        for _ in range(calls):
+            for kind in times:
+                t = time.perf_counter()
+                if kind == "together":
+                    native.chain_rows(rows, depth, helper=False)
+                else:
+                    for r in rows:
+                        native.chain_rows([r], depth)
+                times[kind].append(time.perf_counter() - t)
+        return statistics.median(times["together"]) * 1e3, statistics.median(times["apart"]) * 1e3, equal
+    finally:
+        b.release()
 
 
 def main() -> None:
@@ -66,6 +114,9 @@ def main() -> None:
                   f"with MLX {med['mlx', 'alone'] / ar_tps:.2f}; 4 at once / alone: with C "
                   f"{med['c', '4 at once'] / med['c', 'alone']:.2f}, with MLX {med['mlx', '4 at once'] / med['mlx', 'alone']:.2f}")
             print(f"outputs the same with either chain: {same}")
+            together, apart, equal = engine.call(lambda: kernel_rows(engine, native, batch, args.depth))
+            print(f"the kernel, 4 rows' chains: {together:.3f} ms in one call, {apart:.3f} ms as one call per row "
+                  f"({apart / together:.2f}x), drafts the same: {equal}")
         finally:
             engine.stop()
 

@@ -91,6 +91,41 @@ def test_a_rules_vector_bans_in_the_c_chain_what_it_bans_in_the_mlx_chain(engine
     assert agree >= 0.95 * STEPS * len(rows)
 
 
+def test_rows_stepping_together_draft_what_each_drafts_alone(engine):
+    """A batch's rows go through the kernel together (each product reads the head's matrices once
+    for all of them): rows with different caches, pending pair counts and rule vectors draft, and
+    leave pending keys and values, bit for bit what each row does in a call of its own."""
+    runner, native = engine.runner, _native(engine)
+    prompt = _prompt(engine)
+    first = {w[0] for w, _, _ in _chains(engine)}
+    bias = LogitMask(LogitBias(tuple((t, -100.0) for t in sorted(first)))).draft_vector(runner)
+
+    def work():
+        hidden = runner.hidden(prompt, runner.new_trunk_cache())
+        mx.eval(hidden)
+        rows = []
+        for b, (start, pairs) in enumerate([(12, 3), (30, 1), (21, 4), (45, 2), (17, 3)]):
+            cache = runner.new_mtp_cache()
+            runner.extend_head(hidden[:, :start], prompt[1:start + 1], cache)
+            mx.eval(cache.keys, cache.values)
+            keys, values = np.array(cache.keys, copy=False), np.array(cache.values, copy=False)
+            rows.append((hidden[:, start:start + pairs], prompt[start + 1:start + pairs + 1], keys, values, start,
+                         bias if b == 3 else None))
+        together = native.chain_rows(rows, STEPS)
+        kv_together = [[np.array(a) for a in native.pending_kv(len(r[1]), b)] for b, r in enumerate(rows)]
+        alone, kv_alone = [], []
+        for row in rows:
+            alone.append(native.chain_rows([row], STEPS)[0])
+            kv_alone.append([np.array(a) for a in native.pending_kv(len(row[1]))])
+        return together, alone, kv_together, kv_alone
+
+    together, alone, kv_together, kv_alone = engine.call(work)
+    assert together == alone
+    assert together[3][0] not in first  # the row with a rule's vector drafted under it
+    for (k1, v1), (k2, v2) in zip(kv_together, kv_alone):
+        assert np.array_equal(k1, k2) and np.array_equal(v1, v2)
+
+
 @pytest.mark.parametrize("depth", [1, 3, 4])
 def test_mtp_with_the_c_chain_equals_ar_greedy_and_keeps_its_acceptance(engine, depth, monkeypatch):
     calls = []
@@ -158,7 +193,7 @@ def test_a_bigger_head_or_lm_head_keeps_the_mlx_chain(dense_engine, monkeypatch)
 
 def test_a_batch_drafts_every_row_in_c_and_each_row_equals_ar_greedy(engine, monkeypatch):
     """Four greedy requests arriving together decode as one batch; each round drafts all rows in
-    C (split over two threads), rows with different pending pairs and acceptance, one with a
+    C (two groups stepping together, on two threads), rows with different pending pairs and acceptance, one with a
     logit bias (its rule's vector), and every row's tokens equal that request's AR greedy run."""
     from test_scheduler import _submit_together
 

@@ -12,7 +12,9 @@ pair, the whole layer for the last), each draft's LM head (the draft vocabulary'
 history-free rule's vector added) and argmax, and the head steps between drafts. It reads the
 head's cache in place and half-precision copies of its matrices; the pairs' keys and values go back
 to the head's cache through MLX (the caller appends `pending_kv`), the chain's own positions stay in
-its scratch buffer. A batch's rows run one chain each, split over the engine thread and a helper.
+its scratch buffer. A batch's rows step together through the kernel (each product reads the head's
+matrices once for all of them, and a row drafts the same bits as alone), in two groups: one on the
+engine thread, one on a helper.
 Sampled drafts, rules that read history, quantized or MoE heads and sharded models keep the MLX
 chain. MTPLX_NATIVE_DRAFT=off turns it off.
 """
@@ -52,7 +54,15 @@ class _Head(ctypes.Structure):
         + [(name, ctypes.c_void_p) for name in ("embed", "lm_head", "lm_ids", "norm_e", "norm_h", "fc", "in_norm", "wq",
                                                 "wk", "wv", "q_norm", "k_norm", "wo", "post_norm", "w_gate", "w_up",
                                                 "w_down", "final_norm", "rope")] \
-        + [("rope_rows", ctypes.c_int), ("bias", ctypes.c_void_p)]
+        + [("rope_rows", ctypes.c_int)]
+
+
+class _Row(ctypes.Structure):
+    """One chain of a call (the kernel's Row)."""
+    _fields_ = [("hidden", ctypes.c_void_p), ("tokens", ctypes.c_void_p), ("pairs", ctypes.c_int),
+                ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("cap", ctypes.c_int), ("offset", ctypes.c_int),
+                ("bias", ctypes.c_void_p), ("scratch", ctypes.c_void_p), ("scratch_floats", ctypes.c_long),
+                ("out", ctypes.c_void_p), ("done", ctypes.c_int)]
 
 
 def _view(array: mx.array) -> np.ndarray:
@@ -88,7 +98,7 @@ class NativeDraft:
 
     def __init__(self, lib: ctypes.CDLL, runner):
         self.lib, self.runner = lib, runner
-        lib.mtplx_draft_chain.restype = ctypes.c_int
+        lib.mtplx_draft_chains.restype = ctypes.c_int
         lib.mtplx_draft_scratch.restype = ctypes.c_long
         head, layer = runner.mtp, runner.mtp.layers[0]
         attn = layer.self_attn
@@ -197,12 +207,12 @@ class NativeDraft:
         out = self.chain_rows([(hidden, tokens, keys, values, cache.offset, bias)], steps)
         return None if out is None else out[0]
 
-    def chain_rows(self, rows: list[tuple], steps: int) -> list[list[int]] | None:
+    def chain_rows(self, rows: list[tuple], steps: int, helper: bool = True) -> list[list[int]] | None:
         """One chain per row of a batch, each (hidden, tokens, keys, values, offset, bias): as
         `chain` takes them, with the head's cache as host arrays (1, kv_heads, capacity, head_dim)
         whose first `offset` positions are the head's (a row's part of a batch's cache reads in
-        place). Two rows or more split over this thread and a helper (ctypes lets go of the GIL;
-        the MLX stream is idle meanwhile). None when the kernel refuses any row."""
+        place). The rows step together, in two groups from two rows on (this thread and a helper;
+        `helper` False: all on this thread). None when the kernel refuses any row."""
         if not self._lm_head():
             return None
         ends = []
@@ -216,34 +226,35 @@ class NativeDraft:
             ends.append(offset + pairs + steps)
         self.table.at(0, max(ends))  # grows the table to cover every chain's positions
         rope = _view(self.table.rows)
+        self.head.rope, self.head.rope_rows = rope.ctypes.data, rope.shape[0]
         mx.eval([r[0] for r in rows])
         while len(self._spaces) < len(rows):
             self._spaces.append(_Workspace())
-        calls = []
-        for (hidden, tokens, keys, values, offset, bias), end, space in zip(rows, ends, self._spaces):
-            head = _Head.from_buffer_copy(self.head)
-            head.rope, head.rope_rows, head.bias = rope.ctypes.data, rope.shape[0], self._bias_view(bias)
-            space.fit(int(self.lib.mtplx_draft_scratch(ctypes.byref(head), end)))
+        chains = (_Row * len(rows))()
+        for row, (hidden, tokens, keys, values, offset, bias), end, space in zip(chains, rows, ends, self._spaces):
+            space.fit(int(self.lib.mtplx_draft_scratch(ctypes.byref(self.head), end)))
             space.hidden = np.ascontiguousarray(np.array(hidden, copy=False)[0], dtype=np.float32)
             space.ids = np.array(tokens, dtype=np.int32)
-            cap, kp, vp = (keys.shape[2], keys.ctypes.data, values.ctypes.data) if offset else (0, None, None)
-            calls.append((head, space, cap, kp, vp, offset))
-        split = (len(calls) + 1) // 2  # this thread's share; the helper takes the rest
-        later = self._helper().submit(self._run_all, calls[split:], steps) if split < len(calls) else None
-        done = self._run_all(calls[:split], steps) + (later.result() if later is not None else [])
+            row.hidden, row.tokens, row.pairs = space.hidden.ctypes.data, space.ids.ctypes.data, len(tokens)
+            if offset:
+                row.keys, row.values, row.cap = keys.ctypes.data, values.ctypes.data, keys.shape[2]
+            row.offset, row.bias = offset, self._bias_view(bias)
+            row.scratch, row.scratch_floats, row.out = space.scratch.ctypes.data, space.scratch.size, space.out.ctypes.data
+        # Two rows or more: half of them on a helper thread (ctypes lets go of the GIL; the MLX
+        # stream is idle meanwhile), each half stepping its rows together.
+        split = (len(rows) + 1) // 2 if helper else len(rows)
+        later = self._helper().submit(self._run, chains, split, len(rows) - split, steps) if split < len(rows) else None
+        if self._run(chains, 0, split, steps) != 0 or (later is not None and later.result() != 0):
+            return None
+        done = [row.done for row in chains]
         if any(d != steps for d in done):
             log.warning("the native draft chain made %s of %d drafts; this round drafts with MLX", done, steps)
             return None
-        return [space.out[:steps].tolist() for _, space, *_ in calls]
+        return [space.out[:steps].tolist() for space in self._spaces[:len(rows)]]
 
-    def _run_all(self, calls: list[tuple], steps: int) -> list[int]:
-        return [self.lib.mtplx_draft_chain(ctypes.byref(head), ctypes.c_void_p(space.hidden.ctypes.data),
-                                           ctypes.c_void_p(space.ids.ctypes.data), ctypes.c_int(len(space.ids)),
-                                           ctypes.c_void_p(kp), ctypes.c_void_p(vp), ctypes.c_int(cap),
-                                           ctypes.c_int(offset), ctypes.c_int(steps),
-                                           ctypes.c_void_p(space.scratch.ctypes.data), ctypes.c_long(space.scratch.size),
-                                           ctypes.c_void_p(space.out.ctypes.data))
-                for head, space, cap, kp, vp, offset in calls]
+    def _run(self, chains, start: int, n: int, steps: int) -> int:
+        """Rows start .. start + n - 1 of `chains`, stepping together."""
+        return self.lib.mtplx_draft_chains(ctypes.byref(self.head), ctypes.byref(chains, start * ctypes.sizeof(_Row)), n, steps)
 
     def _helper(self) -> ThreadPoolExecutor:
         if self._pool is None:
