@@ -78,7 +78,8 @@ class DecodeBatch:
         # argmax feeds the next head step as an array and the round syncs with the host once.
         lazy = all(s.params.greedy and s.shape is None for s in specs)
         t0 = time.perf_counter()
-        # Greedy chains in C where the head allows (engine/native_draft.py), rows split over two threads.
+        # Greedy chains in C where the head allows (engine/native_draft.py): the rows step together,
+        # in two groups on two threads.
         drafts, dists = (self._draft_native(specs, k) if lazy else None), None
         native = drafts is not None
         if not native:
