@@ -70,30 +70,6 @@ static inline float dot(const float *a, const float *b, int n) {
 
 static inline __m256 half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* y = W x, W (rows, n) in half precision (n a multiple of 8): the products are bound by reading
-   W, and a draft needs no more than half precision's weights. Four rows per pass share each load
-   of x. */
-static void gemv(const uint16_t *w, const float *x, int rows, int n, float *y) {
-    int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        const uint16_t *w0 = w + (size_t)r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
-        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps(), c = _mm256_setzero_ps(), d = _mm256_setzero_ps();
-        for (int i = 0; i < n; i += 8) {
-            __m256 xv = _mm256_loadu_ps(x + i);
-            a = _mm256_fmadd_ps(half8(w0 + i), xv, a);
-            b = _mm256_fmadd_ps(half8(w1 + i), xv, b);
-            c = _mm256_fmadd_ps(half8(w2 + i), xv, c);
-            d = _mm256_fmadd_ps(half8(w3 + i), xv, d);
-        }
-        y[r] = hsum(a), y[r + 1] = hsum(b), y[r + 2] = hsum(c), y[r + 3] = hsum(d);
-    }
-    for (; r < rows; r++) {
-        __m256 a = _mm256_setzero_ps();
-        for (int i = 0; i < n; i += 8) a = _mm256_fmadd_ps(half8(w + (size_t)r * n + i), _mm256_loadu_ps(x + i), a);
-        y[r] = hsum(a);
-    }
-}
-
 /* WR rows of W from row r against NB inputs, WR * NB accumulators (constants where it is inlined,
    so they stay in registers). */
 static inline __attribute__((always_inline)) void rows_block(const uint16_t *w, const float *const *xs, float *const *ys,
@@ -112,10 +88,12 @@ static inline __attribute__((always_inline)) void rows_block(const uint16_t *w, 
         for (int b = 0; b < NB; b++) ys[b][r + j] = hsum(acc[j][b]);
 }
 
-/* ys[b] = W xs[b] for `nx` inputs (a batch's rows stepping together): each eight halves of W are
-   converted once for up to four inputs, so the loads and conversions that bound `gemv` are shared.
-   Every (row of W, input) pair sums in `gemv`'s order (one eight-lane accumulator over n, then
-   hsum), so an input's result has the same bits alone or beside others. */
+/* ys[b] = W xs[b] for `nx` inputs, W (rows, n) in half precision (n a multiple of 8): these
+   products are bound by loading and converting W, and a draft needs no more than half precision's
+   weights. One input takes four rows of W per pass (more loads in flight); a batch's rows stepping
+   together share each converted eight halves of W among up to four inputs. Every (row of W, input)
+   pair sums in one order (one eight-lane accumulator over n, then hsum), so an input's result has
+   the same bits alone or beside others. */
 static void gemv_rows(const uint16_t *w, const float *const *xs, int nx, int rows, int n, float *const *ys) {
     for (int b0 = 0; b0 < nx; b0 += 4) {
         const float *const *x = xs + b0;
@@ -123,8 +101,9 @@ static void gemv_rows(const uint16_t *w, const float *const *xs, int nx, int row
         int r = 0;
         switch (nx - b0 < 4 ? nx - b0 : 4) {
         case 1:
-            gemv(w, x[0], rows, n, y[0]);
-            continue;
+            for (; r + 4 <= rows; r += 4) rows_block(w, x, y, r, n, 4, 1);
+            for (; r < rows; r++) rows_block(w, x, y, r, n, 1, 1);
+            break;
         case 2:
             for (; r + 4 <= rows; r += 4) rows_block(w, x, y, r, n, 4, 2);
             for (; r < rows; r++) rows_block(w, x, y, r, n, 1, 2);
