@@ -244,7 +244,9 @@ class NativeDraft:
         # stream is idle meanwhile), each half stepping its rows together.
         split = (len(rows) + 1) // 2 if helper else len(rows)
         later = self._helper().submit(self._run, chains, split, len(rows) - split, steps) if split < len(rows) else None
-        if self._run(chains, 0, split, steps) != 0 or (later is not None and later.result() != 0):
+        mine = self._run(chains, 0, split, steps)
+        theirs = later.result() if later is not None else 0  # waited for even when ours failed: it writes our buffers
+        if mine != 0 or theirs != 0:
             return None
         done = [row.done for row in chains]
         if any(d != steps for d in done):
