@@ -76,21 +76,29 @@ def _ttft(stats) -> float:
     return stats["ttft_s"] if isinstance(stats, dict) else stats.ttft_s
 
 
+def decoding(engine: Engine, batch: list[tuple[int, ...]], repeat: int = 4, depth: int | None = None) -> list:
+    """On the engine thread: one MTP Generation per prompt (each repeated `repeat` times), its
+    prompt prefilled and its first token taken, ready to decode alone or in a DecodeBatch."""
+    from mtplx.engine.generation import Generation, StartPoint
+
+    gens = []
+    for p in batch:
+        gen = Generation(engine.runner, GenerationRequest(p * repeat, SamplingParams(max_tokens=64, ignore_eos=True)),
+                         use_mtp=True, depth=depth or engine.config.depth, chunk_size=engine.config.chunk_size,
+                         eos_ids=engine.eos_ids, submitted_at=0.0)
+        for _ in gen.prefill(StartPoint(), (), None):
+            pass
+        list(gen.first_token())
+        gens.append(gen)
+    return gens
+
+
 def copy_cost(engine: Engine, batch: list[tuple[int, ...]]) -> tuple[float, float, int]:
     """(merge + release ms, one batched MTP round ms, context tokens) for len(batch) rows."""
     from mtplx.engine.batch import DecodeBatch
-    from mtplx.engine.generation import Generation, StartPoint
 
     def measure():
-        gens = []
-        for p in batch:
-            gen = Generation(engine.runner, GenerationRequest(p * 4, SamplingParams(max_tokens=64, ignore_eos=True)),
-                             use_mtp=True, depth=engine.config.depth, chunk_size=engine.config.chunk_size,
-                             eos_ids=engine.eos_ids, submitted_at=0.0)
-            for _ in gen.prefill(StartPoint(), (), None):
-                pass
-            list(gen.first_token())
-            gens.append(gen)
+        gens = decoding(engine, batch)
         moves, rounds = [], []
         for _ in range(5):
             t = time.perf_counter()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mtplx import fast_path  # noqa: E402,F401  (before MLX: loads MKL in this process)
-from concurrency import prompts, run  # noqa: E402
+from concurrency import decoding, prompts, run  # noqa: E402
 from mtplx.catalog import resolve  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
 
@@ -36,19 +36,8 @@ def kernel_rows(engine, native, batch, depth: int, calls: int = 300) -> tuple[fl
     import numpy as np
 
     from mtplx.engine.batch import DecodeBatch
-    from mtplx.engine.generation import Generation, StartPoint
-    from mtplx.engine.request import GenerationRequest
-    from mtplx.engine.sampling import SamplingParams
 
-    gens = []
-    for p in batch:
-        gen = Generation(engine.runner, GenerationRequest(p * 3, SamplingParams(max_tokens=64, ignore_eos=True)),
-                         use_mtp=True, depth=depth, chunk_size=engine.config.chunk_size, eos_ids=engine.eos_ids,
-                         submitted_at=0.0)
-        for _ in gen.prefill(StartPoint(), (), None):
-            pass
-        list(gen.first_token())
-        gens.append(gen)
+    gens = decoding(engine, batch, repeat=3, depth=depth)
     b = DecodeBatch(engine.runner, gens)
     try:
         for _ in range(3):
