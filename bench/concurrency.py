@@ -1,11 +1,13 @@
 """Several sessions at once vs one alone, on the embedded models (MTP on, greedy).
 
-    python bench/concurrency.py [--models tiny-dense tiny-hybrid] [--sessions 4] [--tokens 128] [--runs 3]
+    python bench/concurrency.py [--models tiny-dense tiny-hybrid] [--sessions 4] [--tokens 128] [--runs 3] [--ttfts 5]
 
 Per model:
 - aggregate decode tok/s of N sessions streaming at once vs one session alone (tokens after each
   first token, over the span from the first FirstToken to the last Finished), and the ratio;
-- TTFT of a short request submitted while a long one streams vs the same request alone;
+- TTFT of a short request submitted while a long one streams vs the same request alone (--ttfts
+  pairs a run: each TTFT is a few milliseconds and waits for up to one round in flight, so one
+  sample a run made the median a coin toss);
 - greedy outputs of the N sessions run together vs each alone, token for token;
 - what moving rows in and out of a batch costs (merge + release of N rows) next to one batched
   MTP round over the same rows.
@@ -123,6 +125,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--ttfts", type=int, default=5)
     args = ap.parse_args()
     rows = []
     for name in args.models:
@@ -141,7 +144,7 @@ def main() -> None:
                 ratios.append(together / alone)
                 equal += sum(o == s[1][0] for o, s in zip(outs, singles))
                 total += len(batch)
-                ttfts.append(ttft_under_load(engine, batch[0], batch[1], args.tokens * 2))
+                ttfts += [ttft_under_load(engine, batch[0], batch[1], args.tokens * 2) for _ in range(args.ttfts)]
             move_ms, round_ms, context = copy_cost(engine, batch)
             alone_ttft = statistics.median(a for a, _ in ttfts)
             loaded_ttft = statistics.median(b for _, b in ttfts)
@@ -150,7 +153,8 @@ def main() -> None:
         finally:
             engine.stop()
     n = args.sessions
-    print(f"\n{n} sessions at once vs one alone: MTP on, greedy, {args.tokens} tokens each, median of {args.runs} runs\n")
+    print(f"\n{n} sessions at once vs one alone: MTP on, greedy, {args.tokens} tokens each, median of {args.runs} runs "
+          f"(TTFT: of {args.runs * args.ttfts} pairs)\n")
     print(f"{'model':<12} {'alone tok/s':>11} {f'{n} at once':>11} {'ratio':>6} | {'TTFT alone':>10} {'streaming':>10} "
           f"{'ratio':>6} | {'batch == alone':>14} | {'merge+release':>13} {'1 round':>8} {'ctx':>5}")
     for name, a, t, r, ta, tl, tr, eq, tot, mv, rd, ctx in rows:
