@@ -144,7 +144,8 @@ def main() -> None:
                 ratios.append(together / alone)
                 equal += sum(o == s[1][0] for o, s in zip(outs, singles))
                 total += len(batch)
-                ttfts += [ttft_under_load(engine, batch[0], batch[1], args.tokens * 2) for _ in range(args.ttfts)]
+                ttfts += [ttft_under_load(engine, batch[0], batch[1], args.tokens * 2)
+                          for _ in range(args.ttfts)]
             move_ms, round_ms, context = copy_cost(engine, batch)
             alone_ttft = statistics.median(a for a, _ in ttfts)
             loaded_ttft = statistics.median(b for _, b in ttfts)

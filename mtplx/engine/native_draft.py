@@ -243,7 +243,7 @@ class NativeDraft:
         # Two rows or more: half of them on a helper thread (ctypes lets go of the GIL; the MLX
         # stream is idle meanwhile), each half stepping its rows together.
         split = (len(rows) + 1) // 2 if helper else len(rows)
-        later = self._helper().submit(self._run, chains, split, len(rows) - split, steps) if split < len(rows) else None
+        later = None if split == len(rows) else self._helper().submit(self._run, chains, split, len(rows) - split, steps)
         mine = self._run(chains, 0, split, steps)
         theirs = later.result() if later is not None else 0  # waited for even when ours failed: it writes our buffers
         if mine != 0 or theirs != 0:
@@ -256,7 +256,8 @@ class NativeDraft:
 
     def _run(self, chains, start: int, n: int, steps: int) -> int:
         """Rows start .. start + n - 1 of `chains`, stepping together."""
-        return self.lib.mtplx_draft_chains(ctypes.byref(self.head), ctypes.byref(chains, start * ctypes.sizeof(_Row)), n, steps)
+        first = ctypes.byref(chains, start * ctypes.sizeof(_Row))
+        return self.lib.mtplx_draft_chains(ctypes.byref(self.head), first, n, steps)
 
     def _helper(self) -> ThreadPoolExecutor:
         if self._pool is None:
