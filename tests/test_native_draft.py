@@ -10,6 +10,7 @@ import pytest
 
 from mtplx.engine.logit_bias import LogitBias
 from mtplx.engine.logit_mask import LogitMask
+from mtplx.engine import native_draft
 from mtplx.engine.native_draft import BUILD, NativeDraft
 from mtplx.engine.request import GenerationRequest
 from mtplx.engine.sampling import SamplingParams
@@ -91,10 +92,13 @@ def test_a_rules_vector_bans_in_the_c_chain_what_it_bans_in_the_mlx_chain(engine
     assert agree >= 0.95 * STEPS * len(rows)
 
 
-def test_rows_stepping_together_draft_what_each_drafts_alone(engine):
+def test_rows_stepping_together_draft_what_each_drafts_alone(engine, monkeypatch):
     """A batch's rows go through the kernel together (each product reads the head's matrices once
     for all of them): rows with different caches, pending pair counts and rule vectors draft, and
-    leave pending keys and values, bit for bit what each row does in a call of its own."""
+    leave pending keys and values, bit for bit what each row does in a call of its own, and with
+    each product's rows of W shared between two threads or all on one."""
+    monkeypatch.setattr(native_draft, "TWO_CORES", True)  # the kernel's helper, whatever this machine has
+    monkeypatch.setattr(native_draft, "TEAM", True)
     runner, native = engine.runner, _native(engine)
     prompt = _prompt(engine)
     first = {w[0] for w, _, _ in _chains(engine)}
@@ -113,14 +117,18 @@ def test_rows_stepping_together_draft_what_each_drafts_alone(engine):
                          bias if b == 3 else None))
         together = native.chain_rows(rows, STEPS)
         kv_together = [[np.array(a) for a in native.pending_kv(len(r[1]), b)] for b, r in enumerate(rows)]
+        one_core = native.chain_rows(rows, STEPS, helper=False)  # no helper: every product on this thread
+        kv_one_core = [[np.array(a) for a in native.pending_kv(len(r[1]), b)] for b, r in enumerate(rows)]
         alone, kv_alone = [], []
         for row in rows:
             alone.append(native.chain_rows([row], STEPS)[0])
             kv_alone.append([np.array(a) for a in native.pending_kv(len(row[1]))])
-        return together, alone, kv_together, kv_alone
+        return together, alone, kv_together, kv_alone, one_core, kv_one_core
 
-    together, alone, kv_together, kv_alone = engine.call(work)
-    assert together == alone
+    together, alone, kv_together, kv_alone, one_core, kv_one_core = engine.call(work)
+    assert together == alone == one_core
+    for (k1, v1), (k2, v2) in zip(kv_together, kv_one_core):  # the kernel's helper took part of each product
+        assert np.array_equal(k1, k2) and np.array_equal(v1, v2)
     assert together[3][0] not in first  # the row with a rule's vector drafted under it
     for (k1, v1), (k2, v2) in zip(kv_together, kv_alone):
         assert np.array_equal(k1, k2) and np.array_equal(v1, v2)

@@ -13,8 +13,12 @@ history-free rule's vector added) and argmax, and the head steps between drafts.
 head's cache in place and half-precision copies of its matrices; the pairs' keys and values go back
 to the head's cache through MLX (the caller appends `pending_kv`), the chain's own positions stay in
 its scratch buffer. A batch's rows step together through the kernel (each product reads the head's
-matrices once for all of them, and a row drafts the same bits as alone), in two groups: one on the
-engine thread, one on a helper.
+matrices once for all of them, and a row drafts the same bits as alone), in one call whose products
+share their rows of W with the kernel's helper thread (the chain streams its weights back from
+memory after each verify, and two cores stream them at about twice one's rate). Interleaved in one
+process, depth 2: a round alone took 0.90-0.94x the time of the former one-thread chain (both
+models), four rows at once 0.92-0.95x of two groups on two threads (bench/native_draft.py's
+probe lines; MTPLX_DRAFT_TEAM=off keeps the groups).
 Sampled drafts, rules that read history, quantized or MoE heads and sharded models keep the MLX
 chain. MTPLX_NATIVE_DRAFT=off turns it off.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
@@ -35,8 +40,10 @@ from mtplx import native_build
 log = logging.getLogger(__name__)
 
 ENV = "MTPLX_NATIVE_DRAFT"
-BUILD = native_build.Kernel("draft_step", extra=("-mf16c",), features=("f16c",))  # half-precision weight loads
+BUILD = native_build.Kernel("draft_step", libs=("-lpthread",), extra=("-mf16c",), features=("f16c",))  # half-precision weight loads
 MAX_SLOTS = 64  # the kernel's scratch slots: pending pairs + drafts
+TEAM = os.environ.get("MTPLX_DRAFT_TEAM", "on").lower() not in ("off", "0", "false")
+TWO_CORES = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) >= 2
 # The chain pays where a head step is dispatch-bound: measured on the embedded models' heads (~0.9M
 # multiply-adds a step in its matrices), where one core's loops beat MLX's ~40 dispatched ops. A
 # bigger head's step is compute, which MLX spreads over MKL's threads: it keeps MLX's chain (not
@@ -99,6 +106,7 @@ class NativeDraft:
     def __init__(self, lib: ctypes.CDLL, runner):
         self.lib, self.runner = lib, runner
         lib.mtplx_draft_chains.restype = ctypes.c_int
+        self._team = ctypes.c_int.in_dll(lib, "mtplx_draft_threads")
         lib.mtplx_draft_scratch.restype = ctypes.c_long
         head, layer = runner.mtp, runner.mtp.layers[0]
         attn = layer.self_attn
@@ -211,8 +219,8 @@ class NativeDraft:
         """One chain per row of a batch, each (hidden, tokens, keys, values, offset, bias): as
         `chain` takes them, with the head's cache as host arrays (1, kv_heads, capacity, head_dim)
         whose first `offset` positions are the head's (a row's part of a batch's cache reads in
-        place). The rows step together, in two groups from two rows on (this thread and a helper;
-        `helper` False: all on this thread). None when the kernel refuses any row."""
+        place). The rows step together in one call, its products shared with the kernel's helper
+        thread (`helper` False: all on this thread). None when the kernel refuses any row."""
         if not self._lm_head():
             return None
         ends = []
@@ -240,12 +248,17 @@ class NativeDraft:
                 row.keys, row.values, row.cap = keys.ctypes.data, values.ctypes.data, keys.shape[2]
             row.offset, row.bias = offset, self._bias_view(bias)
             row.scratch, row.scratch_floats, row.out = space.scratch.ctypes.data, space.scratch.size, space.out.ctypes.data
-        # Two rows or more: half of them on a helper thread (ctypes lets go of the GIL; the MLX
-        # stream is idle meanwhile), each half stepping its rows together.
-        split = (len(rows) + 1) // 2 if helper else len(rows)
-        later = None if split == len(rows) else self._helper().submit(self._run, chains, split, len(rows) - split, steps)
-        mine = self._run(chains, 0, split, steps)
-        theirs = later.result() if later is not None else 0  # waited for even when ours failed: it writes our buffers
+        if TEAM:  # every row in one call, each product's rows of W split with the kernel's helper
+            self._team.value = int(helper and TWO_CORES)
+            mine, theirs = self._run(chains, 0, len(rows), steps), 0
+        else:
+            # Two rows or more: half of them on a helper thread (ctypes lets go of the GIL; the MLX
+            # stream is idle meanwhile), each half stepping its rows together.
+            self._team.value = 0
+            split = (len(rows) + 1) // 2 if helper else len(rows)
+            later = None if split == len(rows) else self._helper().submit(self._run, chains, split, len(rows) - split, steps)
+            mine = self._run(chains, 0, split, steps)
+            theirs = later.result() if later is not None else 0  # waited for even when ours failed: it writes our buffers
         if mine != 0 or theirs != 0:
             return None
         done = [row.done for row in chains]

@@ -20,10 +20,15 @@
    depth-2 chains on one core, in one call against four (bench/native_draft.py): tiny-dense 0.58
    against 0.90 ms, tiny-hybrid 0.62 against 0.91. */
 #include <immintrin.h>
+#include <linux/futex.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "softmax.h"
 
@@ -117,6 +122,127 @@ static void gemv_rows(const uint16_t *w, const float *const *xs, int nx, int row
             for (; r < rows; r++) rows_block(w, x, y, r, n, 1, 4);
         }
     }
+}
+
+/* Two cores on one chain call: each product's rows of W split between this thread and a helper.
+
+   Inside a decode round the chain is bound by streaming the head's matrices and the LM head back
+   from memory (the verify before it evicts them), and one core streams at a fraction of what two
+   do. Rows of a product in chunks, claimed from one atomic ticket by both threads, each chunk
+   all of the call's inputs: every weight is read once per product, by one of the two cores. A
+   (row of W, input) pair sums as it does in gemv_rows whoever takes its chunk, so the drafts keep
+   their bits. The caller never waits for a chunk nobody claimed (a helper that is late to wake
+   only means the caller computes more). The helper polls while a call runs and sleeps on a futex
+   between calls, so it never holds a core while MLX computes a verify. */
+int mtplx_draft_threads = 0;     /* set by native_draft.py: 1 where the process may use two cores */
+long mtplx_draft_split_macs = 32768; /* rows * n * inputs from which a product is shared */
+static struct { const uint16_t *w; const float *const *xs; float *const *ys; int nx, rows, n, chunk; } job;
+static _Atomic uint64_t ticket;  /* generation << 32 | chunks << 16 | next chunk */
+static atomic_int finished;      /* chunks finished of the current generation */
+static atomic_int calling;       /* a chain call runs: the helper polls (else it sleeps) */
+static atomic_int wake;          /* the helper's futex word */
+static atomic_int helper = 0;    /* 0 not started, 1 running, -1 could not start */
+static atomic_flag owner = ATOMIC_FLAG_INIT;  /* one call uses the helper at a time; others run alone */
+
+static int claim(uint64_t generation) {
+    uint64_t t = atomic_load(&ticket);
+    while ((t >> 32) == generation && (t & 0xffff) < ((t >> 16) & 0xffff))
+        if (atomic_compare_exchange_weak(&ticket, &t, t + 1))
+            return (int)(t & 0xffff);
+    return -1;
+}
+
+static void run_chunk(int c) {
+    int r0 = c * job.chunk, r1 = r0 + job.chunk < job.rows ? r0 + job.chunk : job.rows;
+    float *ys[MAX_ROWS];
+    for (int b = 0; b < job.nx; b++) ys[b] = job.ys[b] + r0;
+    gemv_rows(job.w + (size_t)r0 * job.n, job.xs, job.nx, r1 - r0, job.n, ys);
+}
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    uint64_t seen = atomic_load(&ticket) >> 32;
+    for (;;) {
+        int word = atomic_load(&wake);
+        uint64_t t = atomic_load(&ticket);
+        if ((t >> 32) != seen) {
+            seen = t >> 32;
+            int c;
+            while ((c = claim(seen)) >= 0) {
+                run_chunk(c);
+                atomic_fetch_add(&finished, 1);
+            }
+        } else if (atomic_load(&calling)) {
+            _mm_pause();
+        } else {
+            syscall(SYS_futex, &wake, FUTEX_WAIT_PRIVATE, word, NULL, NULL, 0);
+        }
+    }
+    return NULL;
+}
+
+static void forget_helper(void) { atomic_store(&helper, 0); atomic_flag_clear(&owner); }
+
+static int start_helper(void) {
+    int state = atomic_load(&helper);
+    if (state)
+        return state > 0;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int ok = pthread_create(&t, &attr, helper_main, NULL) == 0;
+    pthread_attr_destroy(&attr);
+    if (ok)
+        pthread_atfork(NULL, NULL, forget_helper);  /* a forked child has no helper: start anew */
+    atomic_store(&helper, ok ? 1 : -1);
+    return ok;
+}
+
+static _Thread_local int team = 0;  /* this thread's call holds the helper */
+
+static void team_begin(void) {
+    team = mtplx_draft_threads && !atomic_flag_test_and_set(&owner);
+    if (team && !start_helper()) {
+        atomic_flag_clear(&owner);
+        team = 0;
+    }
+    if (team) {  /* woken at the call, not before: a helper polling while Python sets the rows up
+                    measured slower (it holds a core the engine thread and MLX's stream want) */
+        atomic_store(&calling, 1);
+        atomic_fetch_add(&wake, 1);
+        syscall(SYS_futex, &wake, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    }
+}
+
+static void team_end(void) {
+    if (!team)
+        return;
+    atomic_store(&calling, 0);
+    team = 0;
+    atomic_flag_clear(&owner);
+}
+
+/* gemv_rows, shared with the helper when this call holds it and the product is big enough. */
+static void gemv_team(const uint16_t *w, const float *const *xs, int nx, int rows, int n, float *const *ys) {
+    if (!team || (long)rows * n * nx < mtplx_draft_split_macs || rows < 16) {
+        gemv_rows(w, xs, nx, rows, n, ys);
+        return;
+    }
+    int chunk = (rows + 7) / 8;             /* eight chunks: a late helper still takes its share */
+    chunk = (chunk + 3) / 4 * 4;
+    int count = (rows + chunk - 1) / chunk;
+    job.w = w, job.xs = xs, job.ys = ys, job.nx = nx, job.rows = rows, job.n = n, job.chunk = chunk;
+    atomic_store(&finished, 0);
+    uint64_t generation = (atomic_load(&ticket) >> 32) + 1;
+    atomic_store(&ticket, generation << 32 | (uint64_t)count << 16);
+    int c;
+    while ((c = claim(generation)) >= 0) {
+        run_chunk(c);
+        atomic_fetch_add(&finished, 1);
+    }
+    while (atomic_load(&finished) < count)
+        _mm_pause();
 }
 
 static void rms_norm(const float *x, const float *w, int n, float eps, float *out) {
@@ -217,13 +343,13 @@ static void head_steps(const Head *h, Step *st, int n) {
         rms_norm(st[b].m, h->norm_h, H, h->eps, w[b].cat + H);
         in[b] = w[b].cat, out[b] = w[b].x;
     }
-    gemv_rows(h->fc, in, n, H, 2 * H, out);
+    gemv_team(h->fc, in, n, H, 2 * H, out);
     for (int b = 0; b < n; b++) {
         rms_norm(w[b].x, h->in_norm, H, h->eps, w[b].t);
         in[b] = w[b].t, out[b] = w[b].k, out2[b] = w[b].v;
     }
-    gemv_rows(h->wk, in, n, KV, H, out);
-    gemv_rows(h->wv, in, n, KV, H, out2);
+    gemv_team(h->wk, in, n, KV, H, out);
+    gemv_team(h->wv, in, n, KV, H, out2);
     int full = 0;
     for (int b = 0; b < n; b++) {
         const float *row = h->rope + (size_t)st[b].pos * h->rot_dims;
@@ -245,7 +371,7 @@ static void head_steps(const Head *h, Step *st, int n) {
     if (!full) return;
     n = full;
     for (int b = 0; b < n; b++) in[b] = w[b].t, out[b] = w[b].q;
-    gemv_rows(h->wq, in, n, NH * D * (h->gated ? 2 : 1), H, out);
+    gemv_team(h->wq, in, n, NH * D * (h->gated ? 2 : 1), H, out);
     for (int b = 0; b < n; b++) {
         const float *row = h->rope + (size_t)st[b].pos * h->rot_dims;
         for (int hd = 0; hd < NH; hd++) {  /* a gated query is [query, gate] per head */
@@ -256,19 +382,19 @@ static void head_steps(const Head *h, Step *st, int n) {
         attend(h, &st[b], &w[b]);
         in[b] = w[b].o, out[b] = w[b].t;
     }
-    gemv_rows(h->wo, in, n, H, NH * D, out);
+    gemv_team(h->wo, in, n, H, NH * D, out);
     for (int b = 0; b < n; b++) {
         for (int i = 0; i < H; i++) w[b].x[i] += w[b].t[i];
         rms_norm(w[b].x, h->post_norm, H, h->eps, w[b].t);
         in[b] = w[b].t, out[b] = w[b].g, out2[b] = w[b].u;
     }
-    gemv_rows(h->w_gate, in, n, h->inter, H, out);
-    gemv_rows(h->w_up, in, n, h->inter, H, out2);
+    gemv_team(h->w_gate, in, n, h->inter, H, out);
+    gemv_team(h->w_up, in, n, h->inter, H, out2);
     for (int b = 0; b < n; b++) {
         for (int i = 0; i < h->inter; i++) w[b].g[i] = silu(w[b].g[i]) * w[b].u[i];
         in[b] = w[b].g, out[b] = w[b].t;
     }
-    gemv_rows(h->w_down, in, n, H, h->inter, out);
+    gemv_team(h->w_down, in, n, H, h->inter, out);
     for (int b = 0; b < n; b++) {
         for (int i = 0; i < H; i++) w[b].x[i] += w[b].t[i];
         rms_norm(w[b].x, h->final_norm, H, h->eps, st[b].m);
@@ -281,7 +407,7 @@ static void argmax_rows(const Head *h, Step *st, int n, int s) {
     const float *in[MAX_ROWS];
     float *logits[MAX_ROWS];
     for (int b = 0; b < n; b++) in[b] = st[b].m, logits[b] = st[b].m + h->hidden;  /* the logits follow m */
-    gemv_rows(h->lm_head, in, n, h->vocab, h->hidden, logits);
+    gemv_team(h->lm_head, in, n, h->vocab, h->hidden, logits);
     for (int b = 0; b < n; b++) {
         const float *bias = st[b].row->bias;
         float *l = logits[b];
@@ -312,6 +438,7 @@ int mtplx_draft_chains(const Head *h, Row *rows, int n, int steps) {
             return -1;
         r->done = 0;
     }
+    team_begin();
     const long kvslots = (long)h->kv_heads * SLOTS * h->head_dim;
     Step all[MAX_ROWS], st[MAX_ROWS];
     int live[MAX_ROWS], max_pairs = 0;
@@ -351,5 +478,6 @@ int mtplx_draft_chains(const Head *h, Row *rows, int n, int steps) {
         }
         if (k) head_steps(h, st, k);
     }
+    team_end();
     return 0;
 }
