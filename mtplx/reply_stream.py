@@ -64,6 +64,7 @@ class ReplyStream:
         self.tools = tools
         self.open, self.close = (self.format.start, self.format.end) if calls else ("", "")
         self.tags = tuple(t for t in (THINK_OPEN, THINK_CLOSE, self.open, self.close) if t)
+        self._firsts = {t[0] for t in self.tags}
         self.mode = "reasoning" if in_reasoning else "content"
         self.buffer = ""
         self.call = ""
@@ -103,7 +104,14 @@ class ReplyStream:
         return [p for p in out if p.text or p.kind == "tool_call"]
 
     def _partial_tag_tail(self) -> int:
-        for n in range(min(len(self.buffer), max(map(len, self.tags)) - 1), 0, -1):
+        """How many characters at the buffer's end may still grow into a tag (held back)."""
+        longest = max(map(len, self.tags)) - 1
+        tail = self.buffer[-longest:]
+        # Only a tail that starts with a tag's first character can be one's beginning: most pieces
+        # of text have none, and this runs for every token of every row (a batch's per-row cost).
+        if not any(c in tail for c in self._firsts):
+            return 0
+        for n in range(min(len(self.buffer), longest), 0, -1):
             if any(t.startswith(self.buffer[-n:]) for t in self.tags):
                 return n
         return 0
