@@ -151,6 +151,7 @@ class NativeDraft:
                           inter=inter, vocab=0, gated=int(gated), eps=norms[0].eps,
                           scale=attn.scale, **{n: v.ctypes.data for n, v in self._views.items()})
         self._lm_key = None
+        self._rope = None  # (the rotary table's rows, their host view) the kernel reads
         self._biases: dict[int, tuple] = {}  # id of a rule's vector -> (it, its host copy)
         self._spaces: list[_Workspace] = []  # one per row of the last chains
         self._pool: ThreadPoolExecutor | None = None  # the helper that takes half of a batch's rows
@@ -232,9 +233,11 @@ class NativeDraft:
                                     or not values.flags.c_contiguous or offset > keys.shape[2])):
                 return None
             ends.append(offset + pairs + steps)
-        self.table.at(0, max(ends))  # grows the table to cover every chain's positions
-        rope = _view(self.table.rows)
-        self.head.rope, self.head.rope_rows = rope.ctypes.data, rope.shape[0]
+        if max(ends) > self.table.rows.shape[0]:
+            self.table.at(0, max(ends))  # grows the table to cover every chain's positions
+        if self._rope is None or self._rope[0] is not self.table.rows:  # viewed again only once it grew
+            self._rope = (self.table.rows, _view(self.table.rows))
+            self.head.rope, self.head.rope_rows = self._rope[1].ctypes.data, self._rope[1].shape[0]
         mx.eval([r[0] for r in rows])
         while len(self._spaces) < len(rows):
             self._spaces.append(_Workspace())
