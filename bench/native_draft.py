@@ -5,8 +5,9 @@
 Per model, each round runs, in alternating order, with the head's drafts in C and in MLX:
 - one greedy request alone (bench/concurrency.py's prompts), MTP at `--depth`, and AR once;
 - the four prompts at once (one batch);
-- the kernel alone: a live batch's four rows' chains in one call (stepping together) against one
-  call per row, on one thread, and whether their drafts are the same.
+- the kernel alone: a live batch's four rows' chains in one call (stepping together) on one
+  thread and with the kernel's helper sharing each product, against one call per row on one
+  thread, and whether their drafts are the same.
 Decode tok/s as bench/concurrency.py counts it (tokens after each first token, over the span from
 the first FirstToken to the last Finished). Prints medians, C/MLX, and MTP/AR per chain. Outputs
 are compared too: greedy drafts decide speed only. Asserts nothing.
@@ -47,18 +48,19 @@ def kernel_rows(engine, native, batch, depth: int, calls: int = 300) -> tuple[fl
         keys, values = np.array(b.mtp.keys, copy=False), np.array(b.mtp.values, copy=False)
         rows = [(g.speculator.pending_hidden, g.speculator.pending_tokens, keys[i : i + 1], values[i : i + 1],
                  b.mtp.lengths[i], None) for i, g in enumerate(gens)]
-        equal = native.chain_rows(rows, depth, helper=False) == [native.chain_rows([r], depth)[0] for r in rows]
-        times = {"together": [], "apart": []}
+        one_thread = native.chain_rows(rows, depth, helper=False)
+        equal = one_thread == native.chain_rows(rows, depth) == [native.chain_rows([r], depth, helper=False)[0] for r in rows]
+        times = {"together": [], "two threads": [], "apart": []}
         for _ in range(calls):
             for kind in times:
                 t = time.perf_counter()
-                if kind == "together":
-                    native.chain_rows(rows, depth, helper=False)
-                else:
+                if kind == "apart":
                     for r in rows:
-                        native.chain_rows([r], depth)
+                        native.chain_rows([r], depth, helper=False)
+                else:
+                    native.chain_rows(rows, depth, helper=kind == "two threads")
                 times[kind].append(time.perf_counter() - t)
-        return statistics.median(times["together"]) * 1e3, statistics.median(times["apart"]) * 1e3, equal
+        return tuple(statistics.median(v) * 1e3 for v in times.values()) + (equal,)
     finally:
         b.release()
 
@@ -103,9 +105,9 @@ def main() -> None:
                   f"with MLX {med['mlx', 'alone'] / ar_tps:.2f}; 4 at once / alone: with C "
                   f"{med['c', '4 at once'] / med['c', 'alone']:.2f}, with MLX {med['mlx', '4 at once'] / med['mlx', 'alone']:.2f}")
             print(f"outputs the same with either chain: {same}")
-            together, apart, equal = engine.call(lambda: kernel_rows(engine, native, batch, args.depth))
-            print(f"the kernel, 4 rows' chains: {together:.3f} ms in one call, {apart:.3f} ms as one call per row "
-                  f"({apart / together:.2f}x), drafts the same: {equal}")
+            together, two, apart, equal = engine.call(lambda: kernel_rows(engine, native, batch, args.depth))
+            print(f"the kernel, 4 rows' chains: one call {together:.3f} ms on one thread, {two:.3f} ms with its helper; "
+                  f"one call per row {apart:.3f} ms ({apart / together:.2f}x one call), drafts the same: {equal}")
         finally:
             engine.stop()
 
