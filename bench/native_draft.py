@@ -2,7 +2,9 @@
 
     python bench/native_draft.py [--models tiny-dense tiny-hybrid] [--rounds 6] [--tokens 128] [--depth 3]
 
-Per model, each round runs, in alternating order, with the head's drafts in C and in MLX:
+Per model, each round runs, in alternating order, with the head's drafts in C (its products shared
+with the kernel's helper thread), in C without that helper (the chain before it: one thread alone,
+a batch's rows in two groups on two threads) and in MLX:
 - one greedy request alone (bench/concurrency.py's prompts), MTP at `--depth`, and AR once;
 - the four prompts at once (one batch);
 - the kernel alone: a live batch's four rows' chains in one call (stepping together) on one
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mtplx import fast_path  # noqa: E402,F401  (before MLX: loads MKL in this process)
 from concurrency import decoding, prompts, run  # noqa: E402
 from mtplx.catalog import resolve  # noqa: E402
+from mtplx.engine import native_draft  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
 
 
@@ -81,29 +84,35 @@ def main() -> None:
                 continue
             batch = prompts(engine, 4)
             run(engine, batch, 16)  # warm up
-            tps = {(arm, kind): [] for arm in ("c", "mlx") for kind in ("alone", "4 at once")}
+            arms = ("c", "c, no helper", "mlx")
+            tps = {(arm, kind): [] for arm in arms for kind in ("alone", "4 at once")}
             ar, same = [], True
             for r in range(args.rounds):
                 outs = {}
-                for arm in ("c", "mlx") if r % 2 == 0 else ("mlx", "c"):
-                    engine.call(lambda: setattr(engine.runner, "_native_draft", native if arm == "c" else None))
+                for arm in arms if r % 2 == 0 else arms[::-1]:
+                    engine.call(lambda: setattr(engine.runner, "_native_draft", None if arm == "mlx" else native))
+                    # the kernel without its helper: one thread alone, a batch in two groups on two threads
+                    native_draft.TEAM = arm != "c, no helper"
                     one, outs[arm, "alone"] = run(engine, batch[r % 4 : r % 4 + 1], args.tokens)
                     tps[arm, "alone"].append(one)
                     together, outs[arm, "4"] = run(engine, batch, args.tokens)
                     tps[arm, "4 at once"].append(together)
                 engine.call(lambda: setattr(engine.runner, "_native_draft", native))
+                native_draft.TEAM = True
                 ar.append(run(engine, batch[r % 4 : r % 4 + 1], args.tokens, use_mtp=False)[0])
-                same = same and outs["c", "alone"] == outs["mlx", "alone"] and outs["c", "4"] == outs["mlx", "4"]
+                same = same and all(outs[arm, kind] == outs["mlx", kind] for arm in arms for kind in ("alone", "4"))
             med = {key: statistics.median(v) for key, v in tps.items()}
             ar_tps = statistics.median(ar)
             print(f"\n{name}: depth {args.depth}, medians of {args.rounds} rounds, {args.tokens} greedy tokens")
-            print(f"{'':<10} {'C tok/s':>9} {'MLX tok/s':>10} {'C/MLX':>6}")
+            print(f"{'':<10} {'C tok/s':>9} {'no helper':>10} {'MLX tok/s':>10} {'C/MLX':>6} {'C/no helper':>12}")
             for kind in ("alone", "4 at once"):
-                c, m = med["c", kind], med["mlx", kind]
-                print(f"{kind:<10} {c:>9.0f} {m:>10.0f} {c / m:>6.2f}")
+                c, c1, m = med["c", kind], med["c, no helper", kind], med["mlx", kind]
+                print(f"{kind:<10} {c:>9.0f} {c1:>10.0f} {m:>10.0f} {c / m:>6.2f} {c / c1:>12.2f}")
             print(f"AR alone {ar_tps:.0f} tok/s: MTP/AR with C {med['c', 'alone'] / ar_tps:.2f}, "
                   f"with MLX {med['mlx', 'alone'] / ar_tps:.2f}; 4 at once / alone: with C "
-                  f"{med['c', '4 at once'] / med['c', 'alone']:.2f}, with MLX {med['mlx', '4 at once'] / med['mlx', 'alone']:.2f}")
+                  f"{med['c', '4 at once'] / med['c', 'alone']:.2f}, with C and no helper "
+                  f"{med['c, no helper', '4 at once'] / med['c, no helper', 'alone']:.2f}, "
+                  f"with MLX {med['mlx', '4 at once'] / med['mlx', 'alone']:.2f}")
             print(f"outputs the same with either chain: {same}")
             together, two, apart, equal = engine.call(lambda: kernel_rows(engine, native, batch, args.depth))
             print(f"the kernel, 4 rows' chains: one call {together:.3f} ms on one thread, {two:.3f} ms with its helper; "
