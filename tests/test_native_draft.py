@@ -97,7 +97,7 @@ def test_rows_stepping_together_draft_what_each_drafts_alone(engine, monkeypatch
     for all of them): rows with different caches, pending pair counts and rule vectors draft, and
     leave pending keys and values, bit for bit what each row does in a call of its own, and with
     each product's rows of W shared between two threads or all on one."""
-    monkeypatch.setattr(native_draft, "TWO_CORES", True)  # the kernel's helper, whatever this machine has
+    monkeypatch.setattr(native_draft, "second_core", lambda: True)  # the kernel's helper, whatever this process lends
     monkeypatch.setattr(native_draft, "TEAM", True)
     runner, native = engine.runner, _native(engine)
     prompt = _prompt(engine)

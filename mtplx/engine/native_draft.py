@@ -18,7 +18,9 @@ share their rows of W with the kernel's helper thread (the chain streams its wei
 memory after each verify, and two cores stream them at about twice one's rate). Interleaved in one
 process, depth 2: a round alone took 0.90-0.94x the time of the former one-thread chain (both
 models), four rows at once 0.92-0.95x of two groups on two threads (bench/native_draft.py's
-probe lines; MTPLX_DRAFT_TEAM=off keeps the groups).
+probe lines). Only where the process lends it a second core (`second_core`: not beside `mtplx
+serve`'s threads for the embedded models, where it measured slower); elsewhere, and with
+MTPLX_DRAFT_TEAM=off, a batch's rows go in two groups, one on a helper Python thread.
 Sampled drafts, rules that read history, quantized or MoE heads and sharded models keep the MLX
 chain. MTPLX_NATIVE_DRAFT=off turns it off.
 """
@@ -43,7 +45,20 @@ ENV = "MTPLX_NATIVE_DRAFT"
 BUILD = native_build.Kernel("draft_step", libs=("-lpthread",), extra=("-mf16c",), features=("f16c",))  # half-precision weight loads
 MAX_SLOTS = 64  # the kernel's scratch slots: pending pairs + drafts
 TEAM = os.environ.get("MTPLX_DRAFT_TEAM", "on").lower() not in ("off", "0", "false")
-TWO_CORES = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) >= 2
+
+
+def second_core() -> bool:
+    """Whether the process lends this kind of work a second core now: where the small-row kernel is
+    loaded, whether its helper thread is on. A serving process keeps that helper only for a model
+    whose step is big enough (small_gemm.fit_helper): beside the HTTP loop and the client on two
+    cores, the kernel's helper made tiny-dense's MTP decode through `mtplx serve` 0.84x as fast
+    (bench/serve_ab.py --variable MTPLX_DRAFT_TEAM --values off on, 12 rounds: 1,315 -> 1,103 tok/s;
+    tiny-hybrid 867 -> 830), where in process it made it 1.13-1.2x as fast."""
+    from mtplx import fast_path  # loaded before MLX by whoever imported MLX first
+
+    if fast_path.KERNEL is not None:
+        return bool(ctypes.c_int.in_dll(fast_path.KERNEL, "mtplx_small_threads").value)
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)) >= 2
 # The chain pays where a head step is dispatch-bound: measured on the embedded models' heads (~0.9M
 # multiply-adds a step in its matrices), where one core's loops beat MLX's ~40 dispatched ops. A
 # bigger head's step is compute, which MLX spreads over MKL's threads: it keeps MLX's chain (not
@@ -251,8 +266,8 @@ class NativeDraft:
                 row.keys, row.values, row.cap = keys.ctypes.data, values.ctypes.data, keys.shape[2]
             row.offset, row.bias = offset, self._bias_view(bias)
             row.scratch, row.scratch_floats, row.out = space.scratch.ctypes.data, space.scratch.size, space.out.ctypes.data
-        if TEAM:  # every row in one call, each product's rows of W split with the kernel's helper
-            self._team.value = int(helper and TWO_CORES)
+        if TEAM and helper and second_core():  # every row in one call, each product shared with the kernel's helper
+            self._team.value = 1
             mine, theirs = self._run(chains, 0, len(rows), steps), 0
         else:
             # Two rows or more: half of them on a helper thread (ctypes lets go of the GIL; the MLX
