@@ -30,6 +30,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "helper_thread.h"
 #include "softmax.h"
 
 typedef struct {
@@ -183,21 +184,7 @@ static void *helper_main(void *unused) {
 
 static void forget_helper(void) { atomic_store(&helper, 0); atomic_flag_clear(&owner); }
 
-static int start_helper(void) {
-    int state = atomic_load(&helper);
-    if (state)
-        return state > 0;
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int ok = pthread_create(&t, &attr, helper_main, NULL) == 0;
-    pthread_attr_destroy(&attr);
-    if (ok)
-        pthread_atfork(NULL, NULL, forget_helper);  /* a forked child has no helper: start anew */
-    atomic_store(&helper, ok ? 1 : -1);
-    return ok;
-}
+static int start_helper(void) { return start_helper_thread(&helper, helper_main, forget_helper); }
 
 static _Thread_local int team = 0;  /* this thread's call holds the helper */
 

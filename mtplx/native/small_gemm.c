@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <immintrin.h>
+#include "helper_thread.h"
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -293,21 +294,7 @@ static void *helper_main(void *unused) {
 
 static void forget_helper(void) { atomic_store(&helper, 0); atomic_store(&asleep, 0); atomic_flag_clear(&owner); }
 
-static int start_helper(void) {
-    int state = atomic_load(&helper);
-    if (state != 0)
-        return state > 0;
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int ok = pthread_create(&t, &attr, helper_main, NULL) == 0;
-    pthread_attr_destroy(&attr);
-    if (ok)
-        pthread_atfork(NULL, NULL, forget_helper);  /* a forked child has no helper: start anew */
-    atomic_store(&helper, ok ? 1 : -1);
-    return ok;
-}
+static int start_helper(void) { return start_helper_thread(&helper, helper_main, forget_helper); }
 
 void mtplx_small_sgemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                        float beta, float *C, int ldc) {
