@@ -1,6 +1,7 @@
 """Several sessions at once vs one alone, on the embedded models (MTP on, greedy).
 
     python bench/concurrency.py [--models tiny-dense tiny-hybrid] [--sessions 4] [--tokens 128] [--runs 3] [--ttfts 5]
+                                [--steady 10]
 
 Per model:
 - aggregate decode tok/s of N sessions streaming at once vs one session alone (tokens after each
@@ -10,7 +11,10 @@ Per model:
   sample a run made the median a coin toss);
 - greedy outputs of the N sessions run together vs each alone, token for token;
 - what moving rows in and out of a batch costs (merge + release of N rows) next to one batched
-  MTP round over the same rows.
+  MTP round over the same rows;
+- the steady state (`--steady` seconds): one row alone and the N rows batched, blocks of 40 rounds
+  (after 4 untimed) alternated in one process, no prefill, admission or release inside; the ratio the span's other
+  costs (the other rows' prefills, the batch's first and last rounds) pull the first one below.
 Runs alternate alone / together and report medians: the machine is shared, its load varies.
 """
 
@@ -78,14 +82,15 @@ def _ttft(stats) -> float:
     return stats["ttft_s"] if isinstance(stats, dict) else stats.ttft_s
 
 
-def decoding(engine: Engine, batch: list[tuple[int, ...]], repeat: int = 4, depth: int | None = None) -> list:
+def decoding(engine: Engine, batch: list[tuple[int, ...]], repeat: int = 4, depth: int | None = None,
+             max_tokens: int = 64) -> list:
     """On the engine thread: one MTP Generation per prompt (each repeated `repeat` times), its
     prompt prefilled and its first token taken, ready to decode alone or in a DecodeBatch."""
     from mtplx.engine.generation import Generation, StartPoint
 
     gens = []
     for p in batch:
-        gen = Generation(engine.runner, GenerationRequest(p * repeat, SamplingParams(max_tokens=64, ignore_eos=True)),
+        gen = Generation(engine.runner, GenerationRequest(p * repeat, SamplingParams(max_tokens=max_tokens, ignore_eos=True)),
                          use_mtp=True, depth=depth or engine.config.depth, chunk_size=engine.config.chunk_size,
                          eos_ids=engine.eos_ids, submitted_at=0.0)
         for _ in gen.prefill(StartPoint(), (), None):
@@ -119,6 +124,42 @@ def copy_cost(engine: Engine, batch: list[tuple[int, ...]]) -> tuple[float, floa
     return engine.call(measure)
 
 
+def steady(engine: Engine, batch: list[tuple[int, ...]], seconds: float) -> tuple[float, float]:
+    """Decode tok/s in steady state, the first prompt alone and every prompt batched: blocks of 40
+    timed rounds (after 4 untimed ones) alternated in one process for `seconds` (no prefill,
+    admission or release inside), medians. What the aggregate ratio would be without the measured
+    span's other costs."""
+    from mtplx.engine.batch import DecodeBatch
+
+    def rounds(gens, merged, n: int) -> None:
+        for _ in range(n):
+            if merged is None:
+                list(gens[0].step())
+            else:
+                for gen, result in zip(gens, merged.step()):
+                    list(gen.take_round(*result))
+
+    def block(gens, merged) -> float:
+        rounds(gens, merged, 4)  # untimed: the first rounds after the other arm's find colder caches
+        before, t = sum(len(g.generated) for g in gens), time.perf_counter()
+        rounds(gens, merged, 40)
+        return (sum(len(g.generated) for g in gens) - before) / (time.perf_counter() - t)
+
+    def measure():
+        alone, together = [], []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            one = decoding(engine, batch[:1], repeat=1, max_tokens=10**6)
+            rows = decoding(engine, batch, repeat=1, max_tokens=10**6)
+            merged = DecodeBatch(engine.runner, rows)
+            alone.append(block(one, None))
+            together.append(block(rows, merged))
+            merged.release()
+        return statistics.median(alone), statistics.median(together)
+
+    return engine.call(measure)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["tiny-dense", "tiny-hybrid"])
@@ -126,8 +167,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--ttfts", type=int, default=5)
+    ap.add_argument("--steady", type=float, default=10.0, help="seconds of steady-state blocks per model (0: none)")
     args = ap.parse_args()
-    rows = []
+    rows, steadies = [], []
     for name in args.models:
         engine = Engine(resolve(name), EngineConfig(use_mtp=True), name=name).start()
         try:
@@ -147,6 +189,8 @@ def main() -> None:
                 ttfts += [ttft_under_load(engine, batch[0], batch[1], args.tokens * 2)
                           for _ in range(args.ttfts)]
             move_ms, round_ms, context = copy_cost(engine, batch)
+            if args.steady > 0:
+                steadies.append((name, *steady(engine, batch, args.steady)))
             alone_ttft = statistics.median(a for a, _ in ttfts)
             loaded_ttft = statistics.median(b for _, b in ttfts)
             rows.append((name, statistics.median(alone_tps), statistics.median(together_tps), statistics.median(ratios),
@@ -161,6 +205,9 @@ def main() -> None:
     for name, a, t, r, ta, tl, tr, eq, tot, mv, rd, ctx in rows:
         print(f"{name:<12} {a:>11.1f} {t:>11.1f} {r:>5.2f}x | {ta:>8.1f}ms {tl:>8.1f}ms {tr:>5.2f}x | {eq:>6}/{tot:<7} | "
               f"{mv:>10.1f}ms {rd:>6.1f}ms {ctx:>5}")
+    for name, one, many in steadies:
+        print(f"{name:<12} steady state (blocks of 40 rounds alternated, {args.steady:.0f} s): one row {one:.0f} tok/s, "
+              f"{n} rows {many:.0f} tok/s, {many / one:.2f}x")
     print("\ntargets: ratio >= 2.5x, TTFT streaming/alone <= 1.5x, batch == alone on every request")
 
 
