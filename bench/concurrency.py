@@ -12,9 +12,10 @@ Per model:
 - greedy outputs of the N sessions run together vs each alone, token for token;
 - what moving rows in and out of a batch costs (merge + release of N rows) next to one batched
   MTP round over the same rows;
-- the steady state (`--steady` seconds): one row alone and the N rows batched, blocks of 40 rounds
-  (after 4 untimed) alternated in one process, no prefill, admission or release inside; the ratio the span's other
-  costs (the other rows' prefills, the batch's first and last rounds) pull the first one below.
+- the steady state (`--steady` seconds): one row alone and the N rows batched, blocks of 40
+  rounds (after 4 untimed) alternated in one process, no prefill, admission or release inside:
+  the ratio that the span's other costs (the other rows' prefills, the batch's first and last
+  rounds) pull the first one below.
 Runs alternate alone / together and report medians: the machine is shared, its load varies.
 """
 
