@@ -15,10 +15,9 @@ to the head's cache through MLX (the caller appends `pending_kv`), the chain's o
 its scratch buffer. A batch's rows step together through the kernel (each product reads the head's
 matrices once for all of them, and a row drafts the same bits as alone), in one call whose products
 share their rows of W with the kernel's helper thread (the chain streams its weights back from
-memory after each verify, and two cores stream them at about twice one's rate). Interleaved in one
-process, depth 2: a round alone took 0.90-0.94x the time of the former one-thread chain (both
-models), four rows at once 0.92-0.95x of two groups on two threads (bench/native_draft.py's
-probe lines). Only where the process lends it a second core (`second_core`: not beside `mtplx
+memory after each verify, and two cores stream them at about twice one's rate): in process, side by
+side (bench/native_draft.py --rounds 10 --depth 2), 1.13x (tiny-dense) and 1.22x (tiny-hybrid)
+decode alone and 1.06x four at once against the chain without it. Only where the process lends it a second core (`second_core`: not beside `mtplx
 serve`'s threads for the embedded models, where it measured slower); elsewhere, and with
 MTPLX_DRAFT_TEAM=off, a batch's rows go in two groups, one on a helper Python thread.
 Sampled drafts, rules that read history, quantized or MoE heads and sharded models keep the MLX
@@ -46,6 +45,15 @@ BUILD = native_build.Kernel("draft_step", libs=("-lpthread",), extra=("-mf16c",)
 MAX_SLOTS = 64  # the kernel's scratch slots: pending pairs + drafts
 TEAM = os.environ.get("MTPLX_DRAFT_TEAM", "on").lower() not in ("off", "0", "false")
 
+# The chain pays where a head step is dispatch-bound: measured on the embedded models' heads (~0.9M
+# multiply-adds a step in its matrices), where one core's loops beat MLX's ~40 dispatched ops. A
+# bigger head's step is compute, which MLX spreads over MKL's threads: it keeps MLX's chain (not
+# measured here, so not claimed).
+MAX_HEAD_MACS = 4_000_000
+# The LM head rows drafts are chosen from are copied to half precision; past this (a real
+# vocabulary before a draft vocabulary is learned) that round drafts with MLX.
+MAX_LM_COPY_BYTES = 64 << 20
+
 
 def second_core() -> bool:
     """Whether the process lends this kind of work a second core now: where the small-row kernel is
@@ -59,14 +67,6 @@ def second_core() -> bool:
     if fast_path.KERNEL is not None:
         return bool(ctypes.c_int.in_dll(fast_path.KERNEL, "mtplx_small_threads").value)
     return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)) >= 2
-# The chain pays where a head step is dispatch-bound: measured on the embedded models' heads (~0.9M
-# multiply-adds a step in its matrices), where one core's loops beat MLX's ~40 dispatched ops. A
-# bigger head's step is compute, which MLX spreads over MKL's threads: it keeps MLX's chain (not
-# measured here, so not claimed).
-MAX_HEAD_MACS = 4_000_000
-# The LM head rows drafts are chosen from are copied to half precision; past this (a real
-# vocabulary before a draft vocabulary is learned) that round drafts with MLX.
-MAX_LM_COPY_BYTES = 64 << 20
 
 
 class _Head(ctypes.Structure):
@@ -121,7 +121,6 @@ class NativeDraft:
     def __init__(self, lib: ctypes.CDLL, runner):
         self.lib, self.runner = lib, runner
         lib.mtplx_draft_chains.restype = ctypes.c_int
-        self._team = ctypes.c_int.in_dll(lib, "mtplx_draft_threads")
         lib.mtplx_draft_scratch.restype = ctypes.c_long
         head, layer = runner.mtp, runner.mtp.layers[0]
         attn = layer.self_attn
@@ -267,12 +266,10 @@ class NativeDraft:
             row.offset, row.bias = offset, self._bias_view(bias)
             row.scratch, row.scratch_floats, row.out = space.scratch.ctypes.data, space.scratch.size, space.out.ctypes.data
         if TEAM and helper and second_core():  # every row in one call, each product shared with the kernel's helper
-            self._team.value = 1
-            mine, theirs = self._run(chains, 0, len(rows), steps), 0
+            mine, theirs = self._run(chains, 0, len(rows), steps, share=True), 0
         else:
             # Two rows or more: half of them on a helper thread (ctypes lets go of the GIL; the MLX
             # stream is idle meanwhile), each half stepping its rows together.
-            self._team.value = 0
             split = (len(rows) + 1) // 2 if helper else len(rows)
             later = None if split == len(rows) else self._helper().submit(self._run, chains, split, len(rows) - split, steps)
             mine = self._run(chains, 0, split, steps)
@@ -285,10 +282,11 @@ class NativeDraft:
             return None
         return [space.out[:steps].tolist() for space in self._spaces[:len(rows)]]
 
-    def _run(self, chains, start: int, n: int, steps: int) -> int:
-        """Rows start .. start + n - 1 of `chains`, stepping together."""
+    def _run(self, chains, start: int, n: int, steps: int, share: bool = False) -> int:
+        """Rows start .. start + n - 1 of `chains`, stepping together (`share`: each product's rows
+        of W split with the kernel's helper thread)."""
         first = ctypes.byref(chains, start * ctypes.sizeof(_Row))
-        return self.lib.mtplx_draft_chains(ctypes.byref(self.head), first, n, steps)
+        return self.lib.mtplx_draft_chains(ctypes.byref(self.head), first, n, steps, int(share))
 
     def _helper(self) -> ThreadPoolExecutor:
         if self._pool is None:

@@ -135,7 +135,6 @@ static void gemv_rows(const uint16_t *w, const float *const *xs, int nx, int row
    their bits. The caller never waits for a chunk nobody claimed (a helper that is late to wake
    only means the caller computes more). The helper polls while a call runs and sleeps on a futex
    between calls, so it never holds a core while MLX computes a verify. */
-int mtplx_draft_threads = 0;     /* set by native_draft.py: 1 where the process may use two cores */
 long mtplx_draft_split_macs = 32768; /* rows * n * inputs from which a product is shared */
 static struct { const uint16_t *w; const float *const *xs; float *const *ys; int nx, rows, n, chunk; } job;
 static _Atomic uint64_t ticket;  /* generation << 32 | chunks << 16 | next chunk */
@@ -188,8 +187,8 @@ static int start_helper(void) { return start_helper_thread(&helper, helper_main,
 
 static _Thread_local int team = 0;  /* this thread's call holds the helper */
 
-static void team_begin(void) {
-    team = mtplx_draft_threads && !atomic_flag_test_and_set(&owner);
+static void team_begin(int share) {
+    team = share && !atomic_flag_test_and_set(&owner);
     if (team && !start_helper()) {
         atomic_flag_clear(&owner);
         team = 0;
@@ -413,8 +412,10 @@ static void argmax_rows(const Head *h, Step *st, int n, int s) {
    next one the argmax after a head step over (output, previous draft). The rows step together, so
    each product reads the head's matrices once for all of them; a row's drafts are the same as it
    would draft alone. `hidden` is not changed. A row whose positions pass the RoPE table stops
-   early (its `done` says how far it got). Returns 0, or -1 for an unusable request (nothing run). */
-int mtplx_draft_chains(const Head *h, Row *rows, int n, int steps) {
+   early (its `done` says how far it got). `share`: each product's rows of W are split with the
+   helper thread (unless another call holds it: then this one runs alone). Returns 0, or -1 for an
+   unusable request (nothing run). */
+int mtplx_draft_chains(const Head *h, Row *rows, int n, int steps, int share) {
     if (n < 1 || n > MAX_ROWS || steps < 1 || h->heads / h->kv_heads > 64 || (h->head_dim & 7) || (h->hidden & 7)
         || (h->inter & 7))
         return -1;
@@ -425,7 +426,7 @@ int mtplx_draft_chains(const Head *h, Row *rows, int n, int steps) {
             return -1;
         r->done = 0;
     }
-    team_begin();
+    team_begin(share);
     const long kvslots = (long)h->kv_heads * SLOTS * h->head_dim;
     Step all[MAX_ROWS], st[MAX_ROWS];
     int live[MAX_ROWS], max_pairs = 0;
