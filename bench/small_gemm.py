@@ -1,12 +1,14 @@
 """The small-row kernel on and off, side by side in one process: AR, MTP and several sessions at once.
 
     python bench/small_gemm.py [--models tiny-dense tiny-hybrid] [--depth 3] [--rounds 6] [--tokens 160] [--sessions 4]
-                               [--compare kernel|threads|wide]
+                               [--compare kernel|threads|wide|prefetch]
 
 `--compare threads` keeps the kernel on and switches its helper thread instead (big products
 shared in column chunks, small_gemm.set_threads); `--compare wide` switches between its AVX-512
 and AVX2 tiles (small_gemm.set_wide; only where it was built with AVX-512; other bits, so on == off
-token for token is not expected there).
+token for token is not expected there); `--compare prefetch` switches, in the small-row kernel and
+in the C draft chain both, the fetch of the next block of weight rows while a block computes (the
+same bits: on == off token for token).
 
 mtplx/small_gemm.py puts a C sgemm for 1-32 rows ahead of MKL. Its switch (small_gemm.set_enabled)
 hands those products back to MKL, so both arms run on one engine and one set of weights. Rounds
@@ -52,7 +54,11 @@ def measure(model: str, args) -> None:
             return engine.submit(request).result()
 
         def switch(on: bool) -> None:
-            if args.compare == "threads":
+            if args.compare == "prefetch":
+                small_gemm.set_prefetch(fast_path.KERNEL, on)
+                if (draft := engine.call(engine.runner.native_draft)) is not None:
+                    draft.set_prefetch(on)
+            elif args.compare == "threads":
                 small_gemm.set_threads(fast_path.KERNEL, on)
             elif args.compare == "wide":
                 small_gemm.set_wide(fast_path.KERNEL, on)
@@ -76,6 +82,8 @@ def measure(model: str, args) -> None:
         small_gemm.set_enabled(fast_path.KERNEL, True)
         small_gemm.set_threads(fast_path.KERNEL, small_gemm.threads_wanted())
         small_gemm.set_wide(fast_path.KERNEL, small_gemm.wide())
+        if args.compare == "prefetch":
+            switch(True)
         med = {k: statistics.median(v) for k, v in speeds.items()}
         print(f"{model}: depth {args.depth}, {args.tokens} greedy tokens, medians of {args.rounds} rounds "
               f"({len(singles)} prompts per round for one sequence)")
@@ -100,9 +108,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--sessions", type=int, default=4)
-    ap.add_argument("--compare", choices=["kernel", "threads", "wide"], default="kernel",
+    ap.add_argument("--compare", choices=["kernel", "threads", "wide", "prefetch"], default="kernel",
                     help="what the two arms switch: the kernel itself, its helper thread (kernel on), "
-                         "or its AVX-512 tiles against its AVX2 ones")
+                         "its AVX-512 tiles against its AVX2 ones, or the weight prefetch (both C kernels)")
     args = ap.parse_args()
     if fast_path.KERNEL is None:
         sys.exit(f"the small-row kernel is not active here: {fast_path.activate().kernel_reason}")

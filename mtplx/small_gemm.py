@@ -87,6 +87,12 @@ def set_wide(kernel: ctypes.CDLL, on: bool) -> None:
     ctypes.c_int.in_dll(kernel, "mtplx_small_wide").value = 1 if on else 0
 
 
+def set_prefetch(kernel: ctypes.CDLL, on: bool) -> None:
+    """Fetch the next block of weight rows while a block computes (True, the default) or not, for
+    side-by-side runs (bench/small_gemm.py --compare prefetch). The same bits either way."""
+    ctypes.c_int.in_dll(kernel, "mtplx_small_prefetch").value = 1 if on else 0
+
+
 def threads_wanted() -> bool:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores >= 2 and native_build.switched_on(THREADS_ENV)

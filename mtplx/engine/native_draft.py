@@ -303,6 +303,11 @@ class NativeDraft:
             self._biases[id(bias)] = (bias, np.ascontiguousarray(_view(bias.astype(mx.float32))))
         return self._biases[id(bias)][1].ctypes.data
 
+    def set_prefetch(self, on: bool) -> None:
+        """Fetch the next rows of W while a block computes (True, the default) or not, for
+        side-by-side runs (bench/small_gemm.py --compare prefetch). The same bits either way."""
+        ctypes.c_int.in_dll(self.lib, "mtplx_draft_prefetch").value = 1 if on else 0
+
     def pending_kv(self, pairs: int, row: int = 0) -> tuple[mx.array, mx.array]:
         """The keys and values of the last chain's (of `row`'s) pending pairs, (1, kv_heads, pairs,
         head_dim) each."""

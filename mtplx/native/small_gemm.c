@@ -49,10 +49,21 @@ static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+/* The next block of weight rows (`next`, NB rows of ldb floats from it) is fetched into L1 one cache
+   line per row per step over K while this block computes. A block's rows are short (1-2.5 KB at
+   these widths), too short for the hardware prefetcher to pick up, and a decode step's weights
+   (megabytes) no longer sit in L2 when the next product runs: without it, each block waited on
+   memory and then computed, one after the other. Prefetching moves no value: the sums are the same. */
+int mtplx_small_prefetch = 1;  /* blocks ahead (0: none, for side-by-side runs: bench/small_gemm.py) */
+#define PREFETCH_NEXT(NB)                                                                            \
+    _Pragma("GCC unroll 16") for (int j = 0; j < NB; j++)                                            \
+        _mm_prefetch((const char *)(next + (size_t)j * ldb + k), _MM_HINT_T0)
+
 /* MB rows of a against NB rows of b: MB*NB accumulators, each one dot product over K in steps
    of 8, the same fixed order for every tile shape. */
 #define TILE(MB, NB)                                                                                 \
-static void tile##MB##x##NB(const float *a, int lda, const float *b, int ldb, int nb, int K, float *out) { \
+static void tile##MB##x##NB(const float *a, int lda, const float *b, int ldb, int nb, int K, float *out, \
+                            const float *next) {                                                      \
     __m256 c[MB][NB];                                                                                \
     const float *w[NB];                                                                              \
     _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) w[j] = b + (size_t)(j < nb ? j : 0) * ldb;  \
@@ -60,6 +71,7 @@ static void tile##MB##x##NB(const float *a, int lda, const float *b, int ldb, in
         _Pragma("GCC unroll 8") for (int j = 0; j < NB; j++) c[i][j] = _mm256_setzero_ps();          \
     int k = 0;                                                                                       \
     for (; k + 8 <= K; k += 8) {                                                                     \
+        if (next != NULL && (k & 15) == 0) PREFETCH_NEXT(NB);                                        \
         if (MB <= NB) { /* registers: MB inputs held, one weight vector at a time */                \
             __m256 x[MB];                                                                            \
             _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++) x[i] = _mm256_loadu_ps(a + (size_t)i * lda + k); \
@@ -89,7 +101,7 @@ static void tile##MB##x##NB(const float *a, int lda, const float *b, int ldb, in
             out[i * NB + j] = s;                                                                     \
         }                                                                                            \
 }
-typedef void (*tile_fn)(const float *, int, const float *, int, int, int, float *);
+typedef void (*tile_fn)(const float *, int, const float *, int, int, int, float *, const float *);
 
 static void store(float *C, int ldc, const float *out, int mb, int nb, int NB, float alpha, float beta) {
     for (int i = 0; i < mb; i++)
@@ -140,15 +152,18 @@ static inline __m128 hsum4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
     } while (0)
 
 #define TILE512(MB, NB)                                                                              \
-static void wide##MB##x##NB(const float *a, int lda, const float *b, int ldb, int nb, int K, float *out) { \
+static void wide##MB##x##NB(const float *a, int lda, const float *b, int ldb, int nb, int K, float *out, \
+                            const float *next) {                                                      \
     __m512 c[MB][NB];                                                                                \
     const float *w[NB];                                                                              \
     _Pragma("GCC unroll 16") for (int j = 0; j < NB; j++) w[j] = b + (size_t)(j < nb ? j : 0) * ldb; \
     _Pragma("GCC unroll 16") for (int i = 0; i < MB; i++)                                            \
         _Pragma("GCC unroll 16") for (int j = 0; j < NB; j++) c[i][j] = _mm512_setzero_ps();         \
     int k = 0;                                                                                       \
-    for (; k + 16 <= K; k += 16)                                                                     \
+    for (; k + 16 <= K; k += 16) {                                                                   \
+        if (next != NULL) PREFETCH_NEXT(NB);                                                         \
         STEP512(MB, NB, _mm512_loadu_ps, );                                                         \
+    }                                                                                                \
     if (k < K) { /* the last K % 16: one masked step, zeros past K (0 * 0 adds nothing) */          \
         __mmask16 m = (__mmask16)((1u << (K - k)) - 1);                                              \
         STEP512(MB, NB, _mm512_maskz_loadu_ps, m, );                                                 \
@@ -201,16 +216,20 @@ static void columns(int M, int N, int K, float alpha, const float *A, int lda, c
         int NB = t->widths[M];
         for (int n = 0; n < N; n += NB) {
             int nb = N - n < NB ? N - n : NB;
-            t->few[M](A, lda, B + (size_t)n * ldb, ldb, nb, K, out);
+            const float *next = mtplx_small_prefetch && n + mtplx_small_prefetch * NB < N ? B + (size_t)(n + mtplx_small_prefetch * NB) * ldb : NULL;
+            t->few[M](A, lda, B + (size_t)n * ldb, ldb, nb, K, out, next);
             store(C + n, ldc, out, M, nb, NB, alpha, beta);
         }
         return;
     }
     for (int n = 0; n < N; n += t->nb) {
         int nb = N - n < t->nb ? N - n : t->nb;
+        /* the first block of input rows fetches the next weights; the others find these in L1 */
+        const float *next = mtplx_small_prefetch && n + mtplx_small_prefetch * t->nb < N ? B + (size_t)(n + mtplx_small_prefetch * t->nb) * ldb : NULL;
         for (int m = 0; m < M; m += 4) {
             int mb = M - m < 4 ? M - m : 4;
-            (mb == 4 ? t->four : t->rest[mb])(A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb, nb, K, out);
+            (mb == 4 ? t->four : t->rest[mb])(A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb, nb, K, out,
+                                               m == 0 ? next : NULL);
             store(C + (size_t)m * ldc + n, ldc, out, mb, nb, t->nb, alpha, beta);
         }
     }
