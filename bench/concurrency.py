@@ -1,7 +1,7 @@
 """Several sessions at once vs one alone, on the embedded models (MTP on, greedy).
 
     python bench/concurrency.py [--models tiny-dense tiny-hybrid] [--sessions 4] [--tokens 128] [--runs 3] [--ttfts 5]
-                                [--steady 10]
+                                [--steady 10] [--membership-context 4096]
 
 Per model:
 - aggregate decode tok/s of N sessions streaming at once vs one session alone (tokens after each
@@ -11,7 +11,9 @@ Per model:
   sample a run made the median a coin toss);
 - greedy outputs of the N sessions run together vs each alone, token for token;
 - what moving rows in and out of a batch costs (merge + release of N rows) next to one batched
-  MTP round over the same rows;
+  MTP round over the same rows, and one row leaving and one joining N rows at
+  `--membership-context` tokens, as the scheduler did it before (hand every row back, merge the
+  new membership) and does now (DecodeBatch.drop / add: only that row moves);
 - the steady state (`--steady` seconds): one row alone and the N rows batched, blocks of 40
   rounds (after 4 untimed) alternated in one process, no prefill, admission or release inside:
   the ratio that the span's other costs (the other rows' prefills, the batch's first and last
@@ -125,6 +127,60 @@ def copy_cost(engine: Engine, batch: list[tuple[int, ...]]) -> tuple[float, floa
     return engine.call(measure)
 
 
+def membership_cost(engine: Engine, batch: list[tuple[int, ...]], repeat: int) -> tuple[dict, int]:
+    """One row leaving and one joining a batch of len(batch) rows at `repeat` times the prompts'
+    context, each evaluated: as the scheduler did it before (the batch handed back to every row,
+    the new membership merged) and as it does now (DecodeBatch.drop: the leaving row takes a copy,
+    the last row moves into its slot; DecodeBatch.add: the row appended). Medians of 5 in ms,
+    {"leave": (before, now), "join": (before, now)}, and the rows' context length."""
+    import mlx.core as mx
+
+    from mtplx.engine.batch import DecodeBatch
+
+    def ready(b: DecodeBatch) -> DecodeBatch:
+        mx.eval([a for layer in b.trunk + [b.mtp] if layer is not None
+                 for a in ((layer.keys, layer.values) if hasattr(layer, "keys") else layer.cache) if a is not None])
+        return b
+
+    def timed(fn):
+        t = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - t) * 1e3
+
+    def measure():
+        gens = decoding(engine, batch, repeat=repeat)
+        times = {("leave", 0): [], ("leave", 1): [], ("join", 0): [], ("join", 1): []}
+        for _ in range(5):
+            whole = ready(DecodeBatch(engine.runner, gens))
+
+            def old_leave():  # every row handed back, the others merged again
+                whole.release()
+                return ready(DecodeBatch(engine.runner, gens[:1] + gens[2:]))
+
+            rest, ms = timed(old_leave)
+            times[("leave", 0)].append(ms)
+
+            def old_join():
+                rest.release()
+                return ready(DecodeBatch(engine.runner, gens[:1] + gens[2:] + gens[1:2]))
+
+            whole, ms = timed(old_join)
+            times[("join", 0)].append(ms)
+            # now: a middle row leaves (the last row moves into its slot), then joins again at the end
+            times[("leave", 1)].append(timed(lambda: whole.drop([gens[2]]))[1])
+
+            def new_join():
+                whole.add([gens[2]])
+                return ready(whole)
+
+            times[("join", 1)].append(timed(new_join)[1])
+            whole.release()
+        return ({kind: (statistics.median(times[(kind, 0)]), statistics.median(times[(kind, 1)]))
+                 for kind in ("leave", "join")}, gens[0].state.length)
+
+    return engine.call(measure)
+
+
 def steady(engine: Engine, batch: list[tuple[int, ...]], seconds: float) -> tuple[float, float]:
     """Decode tok/s in steady state, the first prompt alone and every prompt batched: blocks of 40
     timed rounds (after 4 untimed ones) alternated in one process for `seconds` (no prefill,
@@ -169,8 +225,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--ttfts", type=int, default=5)
     ap.add_argument("--steady", type=float, default=10.0, help="seconds of steady-state blocks per model (0: none)")
+    ap.add_argument("--membership-context", type=int, default=4096,
+                    help="context length of the rows a membership change moves (0: no such line)")
     args = ap.parse_args()
-    rows, steadies = [], []
+    rows, steadies, memberships = [], [], []
     for name in args.models:
         engine = Engine(resolve(name), EngineConfig(use_mtp=True), name=name).start()
         try:
@@ -190,6 +248,9 @@ def main() -> None:
                 ttfts += [ttft_under_load(engine, batch[0], batch[1], args.tokens * 2)
                           for _ in range(args.ttfts)]
             move_ms, round_ms, context = copy_cost(engine, batch)
+            if args.membership_context:
+                repeat = max(1, args.membership_context // len(batch[0]))
+                memberships.append((name, *membership_cost(engine, batch, repeat)))
             if args.steady > 0:
                 steadies.append((name, *steady(engine, batch, args.steady)))
             alone_ttft = statistics.median(a for a, _ in ttfts)
@@ -209,6 +270,10 @@ def main() -> None:
     for name, one, many in steadies:
         print(f"{name:<12} steady state (blocks of 40 rounds alternated, {args.steady:.0f} s): one row {one:.0f} tok/s, "
               f"{n} rows {many:.0f} tok/s, {many / one:.2f}x")
+    for name, cost, context in memberships:
+        print(f"{name:<12} a row leaving / joining {n} rows at {context} tokens: release + merge "
+              f"{cost['leave'][0]:.1f} / {cost['join'][0]:.1f} ms, drop / add {cost['leave'][1]:.1f} / "
+              f"{cost['join'][1]:.1f} ms")
     print("\ntargets: ratio >= 2.5x, TTFT streaming/alone <= 1.5x, batch == alone on every request")
 
 

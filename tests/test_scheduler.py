@@ -190,6 +190,72 @@ def test_batched_verify_accepts_and_rolls_back_per_row(engine):
             assert any(type(layer).__name__ == "ArraysCache" for layer in b.state.trunk)
 
 
+def test_rows_leave_and_join_a_running_batch_each_as_alone(engine):
+    """Membership changes move only the rows they concern: rows 0 and 1 leave mid-batch (the last
+    rows move into their slots), decode alone with the caches they took, then join again with a
+    row that started alone. Every row's rounds, and its caches at the end, equal the same rounds
+    alone; the rows that stayed were never handed back and re-merged."""
+    prompts = _prompts(engine) + [_prompts(engine)[0][:-3]]
+    rounds = 12
+
+    def alone_round(gen, log):
+        new, drafts, accepted = gen.speculator.round(gen.draft_budget())
+        list(gen.take_round(new, drafts, accepted))
+        log.append((new, drafts, accepted))
+
+    def run():
+        alone, gens = [_ready(engine, p) for p in prompts], [_ready(engine, p) for p in prompts]
+        solo = [[] for _ in alone]
+        for gen, log in zip(alone, solo):
+            for _ in range(rounds):
+                alone_round(gen, log)
+        logs = {id(g): [] for g in gens}
+
+        def batch_round(batch):
+            for gen, result in zip(batch.gens, batch.step()):
+                list(gen.take_round(*result))
+                logs[id(gen)].append(result)
+
+        batch = DecodeBatch(engine.runner, gens[:4])
+        assert all(g.state.trunk is None for g in gens[:4])  # the batch holds the only copy
+        for _ in range(4):
+            batch_round(batch)
+            alone_round(gens[4], logs[id(gens[4])])
+        batch.drop([gens[1], gens[0]])
+        order = [gens.index(g) for g in batch.gens]
+        for _ in range(2):
+            batch_round(batch)
+            for gen in (gens[0], gens[1], gens[4]):
+                alone_round(gen, logs[id(gen)])
+        batch.add([gens[1], gens[4], gens[0]])
+        for _ in range(rounds - 6):
+            batch_round(batch)
+        final = [gens.index(g) for g in batch.gens]
+        batch.release()
+        arrays = [[[_layer_arrays(layer) for layer in g.state.trunk + [g.state.mtp]] for g in side]
+                  for side in (alone, gens)]
+        return solo, [logs[id(g)] for g in gens], order, final, arrays
+
+    solo, batched, order, final, (alone_arrays, batched_arrays) = engine.call(run)
+    assert order == [2, 3] and final == [2, 3, 1, 4, 0]
+    assert batched == solo
+    for a_layers, b_layers in zip(alone_arrays, batched_arrays):
+        for la, lb in zip(a_layers, b_layers):
+            for x, y in zip(la, lb):
+                assert x.shape == y.shape
+                np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
+
+
+def test_leaving_order_fills_freed_slots_from_the_end():
+    from mtplx.engine.batch_cache import leaving_order
+
+    assert leaving_order(4, [1]) == [0, 3, 2]
+    assert leaving_order(4, [1, 0]) == [2, 3]
+    assert leaving_order(4, [3]) == [0, 1, 2]
+    assert leaving_order(5, [0, 4]) == [3, 1, 2]
+    assert leaving_order(3, [2, 1]) == [0]
+
+
 def test_cancelling_one_row_leaves_the_others(engine, batch_sizes):
     requests = lambda: _requests(engine, 3, max_tokens=48)
     alone = [engine.submit(r).result().token_ids for r in requests()]

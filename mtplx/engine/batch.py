@@ -34,6 +34,40 @@ class DecodeBatch:
         self.mtp_mode = gens[0].speculator is not None
         self.trunk = batch_cache.merge([g.state.trunk for g in gens])
         self.mtp = RaggedKVCache.from_rows([g.state.mtp for g in gens]) if self.mtp_mode else None
+        self._hold(self.gens)
+
+    def _hold(self, gens: list[Generation]) -> None:
+        """The batch holds these rows' caches now: their own copies go (else every batched row's KV
+        sat in memory twice while it decoded), and come back from release or drop."""
+        for gen in gens:
+            gen.state.trunk = None
+            if self.mtp_mode:
+                gen.state.mtp = None
+
+    def add(self, gens: list[Generation]) -> None:
+        """Rows join: their caches are appended; the batch's rows stay where they are."""
+        gens = list(gens)
+        if any((g.speculator is not None) != self.mtp_mode for g in gens):
+            raise ValueError("a batch's rows decode in one mode (MTP or AR)")
+        batch_cache.add_rows(self.trunk, [g.state.trunk for g in gens])
+        if self.mtp is not None:
+            self.mtp.add([g.state.mtp for g in gens])
+        self.gens += gens
+        self._hold(gens)
+
+    def drop(self, gens: list[Generation]) -> None:
+        """Rows leave with their own caches (copies); the batch's last rows move into the slots they
+        free, and `gens` follows that order. Leaves at least one row (release ends a batch)."""
+        leaving = [next(b for b, g in enumerate(self.gens) if g is gen) for gen in gens]
+        if len(set(leaving)) >= len(self.gens):
+            raise ValueError("drop leaves no row; release the batch instead")
+        rows, order = batch_cache.drop_rows(self.trunk, leaving)
+        heads = self.mtp.drop(leaving, order) if self.mtp is not None else [None] * len(gens)
+        for gen, trunk, head in zip(gens, rows, heads):
+            gen.state.trunk = trunk
+            if self.mtp is not None:
+                gen.state.mtp = head
+        self.gens = [self.gens[o] for o in order]
 
     def release(self) -> None:
         """Hand every row its caches back as one-sequence caches (the batch is done with them)."""

@@ -131,7 +131,7 @@ class Scheduler:
         for key in dict.fromkeys(self._key(s) for s in joining):  # one merge per batch, however many join
             rows = [s for s in joining if self._key(s) == key]
             try:
-                self._regroup(key, self.groups.get(key, []) + rows)
+                self._join(key, rows)
             except Exception as exc:  # joining its batch failed: those requests fail, the rest goes on
                 self._drop_group(key, exc, also=rows)
         for key in list(self.groups):
@@ -215,8 +215,25 @@ class Scheduler:
             return ("alone", seq.request_id)
         return "mtp" if seq.gen.speculator is not None else "ar"
 
+    def _join(self, key, rows: list[Sequence]) -> None:
+        """Rows join their batch: appended to a merged batch (its rows stay put), else merged with
+        the one row decoding alone, if any."""
+        if key in self.batches:
+            self.batches[key].add([s.gen for s in rows])
+            self.groups[key] = self.groups[key] + rows
+        else:
+            self._regroup(key, self.groups.get(key, []) + rows)
+
     def _leave(self, key, leaving: list[Sequence]) -> None:
-        self._regroup(key, [s for s in self.groups[key] if s not in leaving])
+        staying = [s for s in self.groups[key] if s not in leaving]
+        if key in self.batches and len(staying) > 1:
+            # the leaving rows take their caches; the batch keeps the others in place
+            batch = self.batches[key]
+            batch.drop([s.gen for s in leaving])
+            by_gen = {id(s.gen): s for s in staying}
+            self.groups[key] = [by_gen[id(g)] for g in batch.gens]
+        else:
+            self._regroup(key, staying)
         for seq in leaving:
             self._end(seq)
 
