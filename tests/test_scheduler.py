@@ -315,6 +315,25 @@ def test_admission_respects_max_batch_and_the_memory_budget(dense_engine):
     assert together.index("FirstToken:b") < together.index("Finished:a")
 
 
+def test_admission_counts_each_row_at_the_longest_rows_estimate():
+    """A batch's rows share one KV buffer as long as its longest row, so a short request beside a
+    long one costs the long one's estimate: within the budget by the sum of their own estimates,
+    refused by what the buffer would hold."""
+    from types import SimpleNamespace
+
+    from mtplx.engine.scheduler import Scheduler, Sequence
+
+    scheduler = Scheduler(None, chunk_size=64, max_batch=8, memory_budget=1000, publish=None, finish=None)
+    assert scheduler.can_admit(10_000)  # alone: always
+    long = Sequence(sub=SimpleNamespace(), gen=None, prefill=None, reserved=600)
+    scheduler.admit(long)
+    assert not scheduler.can_admit(100)  # 600 + 100 fits, 2 x 600 does not
+    scheduler.memory_budget = 1200
+    assert scheduler.can_admit(100) and not scheduler.can_admit(601)
+    scheduler.max_batch = 1
+    assert not scheduler.can_admit(1)
+
+
 def _submit_together(engine, requests) -> list:
     """Submit `requests` while the engine thread is busy, so they arrive together (as an agent's
     parallel subagents do); their submissions."""

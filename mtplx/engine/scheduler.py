@@ -89,11 +89,15 @@ class Scheduler:
 
     def can_admit(self, cost: int) -> bool:
         """Room for one more: under max_batch, and its KV estimate within the memory budget (a
-        request alone is always admitted, whatever its estimate)."""
+        request alone is always admitted, whatever its estimate). A batch's attention rows share
+        one buffer as long as its longest row (batch_cache.RaggedKVCache), so admitted rows count
+        at the largest estimate among them, not at their own: a long agent turn beside short
+        subagents' rows holds that length for each of them."""
         running = self.sequences
         if not running:
             return True
-        return len(running) < self.max_batch and sum(s.reserved for s in running) + cost <= self.memory_budget
+        rows = len(running) + 1
+        return rows <= self.max_batch and rows * max(cost, *(s.reserved for s in running)) <= self.memory_budget
 
     def admit(self, seq: Sequence) -> None:
         self.prefilling.append(seq)
