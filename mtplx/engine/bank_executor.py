@@ -191,12 +191,13 @@ class BankExecutor:
         record = TurnRecord(entry, gen.request.chat, reply, sent_back=ended_by_eos or gen.finish_reason == "length")
         self._queue_first([RenderJob(tokens, gen.use_mtp, turn.plan.session) for tokens in self.bank.commit(record)])
 
-    def share_running(self, turn: BankedTurn, gen, shared: int, held: int) -> int:
+    def share_running(self, turn: BankedTurn, gen, shared: int, held: int, state: TurnState) -> int:
         """A running turn that has computed its first `shared` prompt tokens (decoding, alone or
         in a batch, or prefilling past them) shares them with a request arriving now: keep its
         prompt up to the last point at or before `shared` where its exact state is at hand, so
         that request restores it instead of computing it again (engine/shared_prompt.py).
-        `held`: what the bank holds of it already (what it restored, or was kept of it before).
+        `held`: what the bank holds of it already (what it restored, or was kept of it before);
+        `state`: its caches as they stand (Scheduler.state_of: a batched row's are in its batch).
         Returns the point kept, else `held`.
 
         Its prompt's attention KV is never written again (the prefill and decoding append after
@@ -211,7 +212,6 @@ class BankExecutor:
             last_hidden = gen.hidden_at.get(cut)
         if cut - held < SHARE_FROM:
             return held
-        state = gen.state if gen.state is not None else gen.partial  # decoding, or prefilling past `shared`
         entry = entry_from_state(state, turn.plan, turn.captures, [a for a in turn.plan.anchors if a.position <= cut],
                                  last_hidden, cut)
         entry.origin = "shared_prompt"

@@ -16,6 +16,7 @@ The batch knows arrays, samplers and caches, never events, queues or the bank.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import mlx.core as mx
@@ -26,6 +27,7 @@ from mtplx.engine import batch_cache, cache_state
 from mtplx.engine.batch_cache import RaggedKVCache
 from mtplx.engine.generation import Generation
 from mtplx.engine.speculation import accept_drafts, draw_draft
+from mtplx.state.turn import TurnState
 
 
 class DecodeBatch:
@@ -68,6 +70,13 @@ class DecodeBatch:
             if self.mtp is not None:
                 gen.state.mtp = head
         self.gens = [self.gens[o] for o in order]
+
+    def row_state(self, gen: Generation) -> TurnState:
+        """A row's state as it stands, its caches viewed in the batch's buffers: for a copy taken at
+        once (a running turn's prompt kept for a request that shares it: bank_executor.share_running)."""
+        b = next(i for i, g in enumerate(self.gens) if g is gen)
+        mtp = self.mtp.view(b) if self.mtp is not None else gen.state.mtp
+        return dataclasses.replace(gen.state, trunk=batch_cache.row_views(self.trunk, b), mtp=mtp)
 
     def release(self) -> None:
         """Hand every row its caches back as one-sequence caches (the batch is done with them)."""

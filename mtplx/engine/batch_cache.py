@@ -98,6 +98,15 @@ class RaggedKVCache:
         self.offset = mx.array(self.lengths)
         return out
 
+    def view(self, b: int) -> KVCache:
+        """Row b as a one-sequence KVCache over the batch's buffer (no copy): for a copy taken at
+        once (state/snapshot.py), never kept, since a view held across a step makes the next
+        write copy the whole buffer."""
+        out = KVCache()
+        if self.keys is not None and self.lengths[b]:
+            out.keys, out.values, out.offset = self.keys[b : b + 1], self.values[b : b + 1], self.lengths[b]
+        return out
+
     def row(self, b: int) -> KVCache:
         """Row b as a one-sequence KVCache (a copy)."""
         out = KVCache()
@@ -189,6 +198,20 @@ def split(batched: list, rows: int) -> list[list]:
                 single = ArraysCache(len(layer.cache))
                 single.cache = [None if a is None else mx.contiguous(a[b : b + 1]) for a in layer.cache]
                 out[b].append(single)
+    return out
+
+
+def row_views(batched: list, b: int) -> list:
+    """Row b of a batched cache as one-sequence layer caches over the batch's buffers (no copy;
+    see RaggedKVCache.view)."""
+    out = []
+    for layer in batched:
+        if isinstance(layer, RaggedKVCache):
+            out.append(layer.view(b))
+        else:
+            single = ArraysCache(len(layer.cache))
+            single.cache = [None if a is None else a[b : b + 1] for a in layer.cache]
+            out.append(single)
     return out
 
 

@@ -538,8 +538,8 @@ class Engine:
         if not shared:
             return
         try:
-            seq.shared_to = self.bank_executor.share_running(seq.bank_turn, seq.gen, shared,
-                                                             max(seq.restored, seq.shared_to))
+            seq.shared_to = self.bank_executor.share_running(seq.bank_turn, seq.gen, shared, max(seq.restored, seq.shared_to),
+                                                             self.scheduler.state_of(seq))
         except Exception:  # this request then computes the prompt itself; that turn goes on
             log.exception("keeping %s's prompt to share failed", seq.request_id)
 

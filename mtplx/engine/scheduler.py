@@ -99,6 +99,14 @@ class Scheduler:
         rows = len(running) + 1
         return rows <= self.max_batch and rows * max(cost, *(s.reserved for s in running)) <= self.memory_budget
 
+    def state_of(self, seq: Sequence):
+        """seq's caches as they stand (its TurnState): a batched row's viewed in its batch's
+        buffers (DecodeBatch.row_state), a prefill's partial state before its prompt is in."""
+        for key, rows in self.groups.items():
+            if key in self.batches and any(s is seq for s in rows):
+                return self.batches[key].row_state(seq.gen)
+        return seq.gen.state if seq.gen.state is not None else seq.gen.partial
+
     def admit(self, seq: Sequence) -> None:
         self.prefilling.append(seq)
 
