@@ -1,6 +1,7 @@
 """Decode-side attention: the C kernel's few-row entry vs MLX's path, side by side in one process.
 
     python bench/decode_attention.py [--models tiny-dense tiny-hybrid] [--contexts 1000 3000 7000] [--rounds 2]
+                                     [--parts calls model batch]
 
 1. The call alone: 4 query heads over 2 key heads of 64, one query (a decode step) and four (a
    depth-3 verify) over 300 to 8k keys, ms per call: MLX's path as mtplx routes it without the
@@ -8,7 +9,11 @@
 2. The model: step costs (engine/step_costs.py: a trunk forward over 1, 2 and 4 tokens, a draft
    step, whole MTP rounds at depths 1-4) after a prompt of each context length, with the entry
    forced on (FEW_FROM_KEYS = 0) and off, alternating, medians over `--rounds`. The default
-   threshold (cpu_attention.FEW_FROM_KEYS) sits where the two cross. Asserts nothing.
+   threshold (cpu_attention.FEW_FROM_KEYS) sits where the two cross.
+3. A batch: four rows decoding together at each context (one long row beside three short ones,
+   and four long rows), its attention row by row through the entry (what mtplx does past the
+   threshold: each row exactly as alone) against one masked call over the longest row, alternating.
+Asserts nothing.
 """
 
 from __future__ import annotations
@@ -90,11 +95,57 @@ def model_costs(model: str, contexts: list[int], rounds: int) -> None:
         engine.stop()
 
 
+def batch_costs(model: str, contexts: list[int], rounds: int) -> None:
+    """Four rows decoding as one batch (MTP, depth 2, greedy) at each context: row by row through
+    the entry (cpu_attention.RAGGED_ROWS, what mtplx does past FEW_FROM_KEYS) against one masked
+    call over the longest row (before), blocks of 6 rounds alternating, for one long row beside
+    three short ones and for four long rows."""
+    from concurrency import decoding, prompts
+    from mtplx.catalog import resolve
+    from mtplx.engine import cpu_attention as ca
+    from mtplx.engine.batch import DecodeBatch
+    from mtplx.engine.engine import Engine, EngineConfig
+
+    engine = Engine(resolve(model), EngineConfig(use_mtp=True, depth=2), name=model).start()
+    print(f"\n{model}: four rows batched (MTP depth 2), decode tok/s, row by row / one masked call "
+          f"(medians of {6 * rounds} blocks of 6 rounds)")
+    try:
+        batch = prompts(engine, 4)
+
+        def measure(repeat: int) -> list[tuple]:
+            out = []
+            long = decoding(engine, [batch[0] * repeat] + batch[1:], repeat=1, max_tokens=10**6)
+            even = decoding(engine, batch, repeat=repeat, max_tokens=10**6)
+            for label, gens in (("one long, three short", long), ("four long", even)):
+                merged, speeds = DecodeBatch(engine.runner, gens), {True: [], False: []}
+                for block in range(6 * rounds):
+                    for rows in ((True, False) if block % 2 else (False, True)):
+                        ca.RAGGED_ROWS = rows
+                        before, t = sum(len(g.generated) for g in gens), time.perf_counter()
+                        for _ in range(6):
+                            for gen, result in zip(gens, merged.step()):
+                                list(gen.take_round(*result))
+                        speeds[rows].append((sum(len(g.generated) for g in gens) - before) / (time.perf_counter() - t))
+                merged.release()
+                out.append((label, [g.state.length for g in gens], statistics.median(speeds[True]),
+                            statistics.median(speeds[False])))
+            return out
+
+        for n in contexts:
+            for label, lengths, rows, masked in engine.call(lambda: measure(max(1, n // len(batch[0])))):
+                print(f"  {label:<22} at {lengths}: {rows:7.0f} / {masked:7.0f} = {rows / masked:.2f}x")
+    finally:
+        ca.RAGGED_ROWS = True
+        engine.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["tiny-dense", "tiny-hybrid"])
     ap.add_argument("--contexts", nargs="+", type=int, default=[1000, 3000, 7000])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--parts", nargs="+", choices=["calls", "model", "batch"], default=["calls", "model", "batch"],
+                    help="which of the three sections to run")
     args = ap.parse_args()
     blas = fast_path.activate()
     print(f"compute: {fast_path.label(True, 'float32', blas)}")
@@ -102,9 +153,12 @@ def main() -> None:
 
     if ca.kernel()[0] is None:
         sys.exit(f"the attention kernel is not available here: {ca.kernel()[1]}")
-    calls_alone()
-    for model in args.models:
+    if "calls" in args.parts:
+        calls_alone()
+    for model in args.models if "model" in args.parts else ():
         model_costs(model, args.contexts, args.rounds)
+    for model in args.models if "batch" in args.parts else ():
+        batch_costs(model, args.contexts, args.rounds)
 
 
 if __name__ == "__main__":

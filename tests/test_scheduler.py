@@ -246,6 +246,48 @@ def test_rows_leave_and_join_a_running_batch_each_as_alone(engine):
                 np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("threshold", [24, 8], ids=["rows-on-both-sides", "every-row-past"])
+def test_past_the_few_row_kernels_threshold_a_batched_verify_is_each_row_alone_bit_for_bit(dense_engine, monkeypatch,
+                                                                                          threshold):
+    """From cpu_attention.FEW_FROM_KEYS keys (lowered here, so short prompts cross it) a row alone
+    attends through the attention kernel's few-row entry. A ragged batch there runs its rows one by
+    one through it, so a batched verify's logits are each row's alone, bit for bit; one batched
+    masked call differed in the last bits (which greedy decoding turns into other tokens sooner or
+    later) and made a short row attend over the longest row's length."""
+    from mtplx.engine import batch_cache, cache_state, cpu_attention
+
+    if cpu_attention.kernel()[0] is None or mx.fast.scaled_dot_product_attention is not cpu_attention.attention:
+        pytest.skip("the CPU attention kernel is not active in this process")
+    monkeypatch.setattr(cpu_attention, "FEW_FROM_KEYS", threshold)
+    batched_calls, fused = [], cpu_attention._fused
+    monkeypatch.setattr(cpu_attention, "_fused", lambda *a, **k: (batched_calls.append(k.get("row_keys")), fused(*a, **k))[1])
+    prompts = _prompts(dense_engine)
+    fed = [[5, 6, 7], [9, 10, 11], [12, 13, 14], [15, 16, 17]]
+
+    def verify(tokens, cache):
+        runner = dense_engine.runner
+        with runner.small_forwards():
+            cache_state.set_capture(cache, True)
+            logits = runner.logits(runner.hidden(mx.array(tokens), cache))
+            mx.eval(logits)
+        return logits
+
+    def run():
+        alone = [verify([f], _ready(dense_engine, p).state.trunk)[0] for p, f in zip(prompts, fed)]
+        gens = [_ready(dense_engine, p) for p in prompts]
+        lengths = [g.state.length for g in gens]
+        batched = verify(fed, batch_cache.merge([g.state.trunk for g in gens]))
+        return lengths, [mx.array_equal(a, batched[b]).item() for b, a in enumerate(alone)]
+
+    lengths, equal = dense_engine.call(run)
+    if threshold == 24:
+        assert min(lengths) + 3 < 24 <= max(lengths) + 3, lengths  # rows on both sides: each row its own call
+        assert not any(batched_calls)
+    else:
+        assert any(batched_calls)  # every row past it: the batch's rows in one call of the entry
+    assert all(equal), (lengths, equal)
+
+
 def test_leaving_order_fills_freed_slots_from_the_end():
     from mtplx.engine.batch_cache import leaving_order
 

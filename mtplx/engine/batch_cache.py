@@ -22,6 +22,17 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 _STEP = 256  # buffer growth, in tokens (as KVCache grows)
+# The ragged masks made lately, by id, with the rows' lengths they were made for: attention reads
+# them (cpu_attention.attention) to run a long batch's rows one by one, each exactly as alone.
+_MASKS: dict[int, tuple[mx.array, tuple[int, ...]]] = {}
+_MASKS_KEPT = 8
+
+
+def ragged_lengths(mask) -> tuple[int, ...] | None:
+    """The rows' lengths before the forward's write, for a mask a RaggedKVCache made (else None):
+    row b's queries sit at lengths[b] onwards and see its first lengths[b] + queries slots."""
+    hit = _MASKS.get(id(mask))
+    return hit[1] if hit is not None and hit[0] is mask else None
 
 
 class RaggedKVCache:
@@ -147,6 +158,9 @@ class RaggedKVCache:
             keys = mx.arange(max(self.lengths) + N)[None, None, None, :]
             queries = mx.arange(N)[None, None, :, None]
             self.masks[:] = [key, keys <= self.offset[:, None, None, None] + queries]
+            while len(_MASKS) >= _MASKS_KEPT:
+                _MASKS.pop(next(iter(_MASKS)))
+            _MASKS[id(self.masks[1])] = (self.masks[1], key[0])
         return self.masks[1]
 
     @property

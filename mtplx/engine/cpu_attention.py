@@ -38,6 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from mtplx import native_build
+from mtplx.engine import batch_cache
 
 _LOG2E = 1.4426950408889634
 _ROUND = 12582912.0  # 1.5 * 2**23: adding it rounds a float32 below 2**22 to an integer, in the low mantissa bits
@@ -133,6 +134,7 @@ KERNEL_SCORES = 1 << 20
 FEW_UP_TO = 16  # queries: compiled.STEP_TOKENS
 FEW_FROM_KEYS = 2048
 FEW = True  # bench/decode_attention.py switches it for its side-by-side
+RAGGED_ROWS = True  # a long ragged batch row by row (attention below); switched for side-by-side runs
 KERNEL_ENV = native_build.ATTENTION_ENV
 _THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
@@ -146,19 +148,20 @@ def kernel() -> tuple[ctypes.CDLL | None, str | None]:
     if lib is None:
         return None, why
     try:
-        entries = lib.mtplx_attention, lib.mtplx_attention_few
+        entries = lib.mtplx_attention, lib.mtplx_attention_few, lib.mtplx_attention_rows
     except AttributeError:  # a library under the cached name that is not this kernel
         return None, f"{native_build.ATTENTION.built()} lacks mtplx_attention"
     for entry in entries:
         entry.restype = ctypes.c_int
         entry.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 3) * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + \
-            [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+            [ctypes.c_float, ctypes.c_int, ctypes.c_int] + ([ctypes.c_void_p] if entry is entries[2] else [])
     return lib, None
 
 
-def _fused(lib, q, k, v, scale: float, causal: bool, few: bool = False) -> mx.array | None:
+def _fused(lib, q, k, v, scale: float, causal: bool, few: bool = False, row_keys: list[int] | None = None) -> mx.array | None:
     """The kernel's attention (None: it declined the shapes, or had no memory); `few`: its entry
-    for a few query rows per key group, which reads the keys in place."""
+    for a few query rows per key group, which reads the keys in place; `row_keys`: that entry over
+    a ragged batch, row b over its first row_keys[b] keys."""
     mx.eval(q, k, v)
     views = []
     for a in (q, k, v):
@@ -174,10 +177,14 @@ def _fused(lib, q, k, v, scale: float, causal: bool, few: bool = False) -> mx.ar
     args = []
     for view in views:
         args += [view.ctypes.data, *(st // 4 for st in view.strides[:3])]
-    entry = lib.mtplx_attention_few if few else lib.mtplx_attention
-    if entry(*args, out.ctypes.data, B, Hq, k.shape[1], L, S, D, scale, int(causal), _THREADS):
-        return None
-    return mx.array(out)
+    if row_keys is not None:
+        keys = np.array(row_keys, np.int32)
+        failed = lib.mtplx_attention_rows(*args, out.ctypes.data, B, Hq, k.shape[1], L, S, D, scale, int(causal), _THREADS,
+                                          keys.ctypes.data)
+    else:
+        entry = lib.mtplx_attention_few if few else lib.mtplx_attention
+        failed = entry(*args, out.ctypes.data, B, Hq, k.shape[1], L, S, D, scale, int(causal), _THREADS)
+    return None if failed else mx.array(out)
 
 
 def _kernel_takes(q, k, v, mask, sinks, stream) -> bool:
@@ -195,6 +202,22 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, stream=None):
     mask "causal", a boolean keep-mask or an additive one, broadcastable to B, Hq, L, S)."""
     B, Hq, L, D = q.shape
     S = k.shape[2]
+    if RAGGED_ROWS and L <= FEW_UP_TO and S >= FEW_FROM_KEYS and isinstance(mask, mx.array) and k.shape[0] == B:
+        lengths = batch_cache.ragged_lengths(mask)
+        if lengths is not None and len(lengths) == B:
+            # A ragged batch at long context: each row over its own keys with the mask it has alone,
+            # so each takes the call it takes alone (the few-row entry past the threshold, which a
+            # batched call with a mask cannot), its bits are its bits alone, and a short row no
+            # longer attends over the longest row's length of masked slots. Rows that all take the
+            # entry go in one call of it (one sync), summed row by row as alone.
+            own = [n + L for n in lengths]
+            causal = "causal" if L > 1 else None
+            if (FEW and min(own) >= FEW_FROM_KEYS and _kernel_takes(q, k, v, causal, sinks, stream)
+                    and (lib := kernel()[0]) is not None):
+                if (out := _fused(lib, q, k, v, scale, causal is not None, few=True, row_keys=own)) is not None:
+                    return out
+            return mx.concatenate([attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], scale=scale,
+                                             mask=causal, sinks=sinks, stream=stream) for b, n in enumerate(own)])
     if (L > KERNEL_FROM and Hq * L * S >= KERNEL_SCORES and _kernel_takes(q, k, v, mask, sinks, stream)
             and (lib := kernel()[0]) is not None):
         if (out := _fused(lib, q, k, v, scale, mask is not None)) is not None:

@@ -36,6 +36,7 @@ typedef struct {
     float *kt; /* keys transposed per (b, g): D rows of Spad floats, zero past S */
     int Spad, tiles;
     int threads;
+    const int *row_keys; /* few entry: batch row b's own key count (S the longest), else NULL */
 } job_t;
 
 typedef struct {
@@ -250,10 +251,11 @@ static void few_group(job_t *j, int b, int g, float *scores) {
     int rep = j->Hq / j->Hkv, D = j->D, R = rep * j->L, Spad = j->Spad;
     __m256 qv[256 / 8];
     int head[FEW_ROWS], pos[FEW_ROWS], last[FEW_ROWS], most = 0;
+    int S = j->row_keys ? j->row_keys[b] : j->S; /* this row's keys: the sums as a call of its own */
     for (int r = 0; r < R; r++) {
         pos[r] = r / rep;
         head[r] = g * rep + r % rep;
-        last[r] = j->causal ? j->S - j->L + pos[r] + 1 : j->S;
+        last[r] = j->causal ? S - j->L + pos[r] + 1 : S;
         if (last[r] > most) most = last[r];
     }
     const float *k = j->k + b * j->k_sb + g * j->k_sh;
@@ -331,16 +333,35 @@ static void *run_few(void *arg) {
 
 /* As mtplx_attention (2: shapes it does not take, also more than FEW_ROWS query rows per key group
  * or D > 256); `threads` at most, and one where the call is too small to pay for starting another. */
-int mtplx_attention_few(const float *q, long q_sb, long q_sh, long q_sl, const float *k, long k_sb, long k_sh,
-                        long k_ss, const float *v, long v_sb, long v_sh, long v_ss, float *out, int B, int Hq,
-                        int Hkv, int L, int S, int D, float scale, int causal, int threads) {
+static int attention_few(const float *q, long q_sb, long q_sh, long q_sl, const float *k, long k_sb, long k_sh,
+                         long k_ss, const float *v, long v_sb, long v_sh, long v_ss, float *out, int B, int Hq,
+                         int Hkv, int L, int S, int D, float scale, int causal, int threads, const int *row_keys) {
     job_t j = {q, k, v, out, q_sb, q_sh, q_sl, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, B, Hq, Hkv, L, S, D, causal,
-               scale, NULL, (S + 7) / 8 * 8, 0, threads < 1 ? 1 : (threads > 8 ? 8 : threads)};
+               scale, NULL, (S + 7) / 8 * 8, 0, threads < 1 ? 1 : (threads > 8 ? 8 : threads), row_keys};
     if (D % 8 || D > 256 || Hq % Hkv || (Hq / Hkv) * L > FEW_ROWS || S < 1 || L < 1 || (causal && L > S)) return 2;
+    for (int b = 0; row_keys && b < B; b++)
+        if (row_keys[b] < 1 || row_keys[b] > S || (causal && L > row_keys[b])) return 2;
     if (j.threads > B * Hkv) j.threads = B * Hkv;
     if ((long)Hq * L * S * D < FEW_SPLIT_MACS) j.threads = 1;
     pthread_mutex_lock(&lock);
     int failed = in_parallel(&j, run_few);
     pthread_mutex_unlock(&lock);
     return failed;
+}
+
+int mtplx_attention_few(const float *q, long q_sb, long q_sh, long q_sl, const float *k, long k_sb, long k_sh,
+                        long k_ss, const float *v, long v_sb, long v_sh, long v_ss, float *out, int B, int Hq,
+                        int Hkv, int L, int S, int D, float scale, int causal, int threads) {
+    return attention_few(q, q_sb, q_sh, q_sl, k, k_sb, k_sh, k_ss, v, v_sb, v_sh, v_ss, out, B, Hq, Hkv, L, S, D, scale,
+                         causal, threads, NULL);
+}
+
+/* The few-row entry over a ragged batch: batch row b attends over its first row_keys[b] keys (its
+ * queries the last L of them), each (row, key group) summed exactly as a call of that row alone with
+ * S = row_keys[b]. One call, so one sync, for a batch whose rows all take this entry. */
+int mtplx_attention_rows(const float *q, long q_sb, long q_sh, long q_sl, const float *k, long k_sb, long k_sh,
+                         long k_ss, const float *v, long v_sb, long v_sh, long v_ss, float *out, int B, int Hq,
+                         int Hkv, int L, int S, int D, float scale, int causal, int threads, const int *row_keys) {
+    return attention_few(q, q_sb, q_sh, q_sl, k, k_sb, k_sh, k_ss, v, v_sb, v_sh, v_ss, out, B, Hq, Hkv, L, S, D, scale,
+                         causal, threads, row_keys);
 }
