@@ -23,6 +23,7 @@ for a model whose step is big enough (`fit_helper`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 
@@ -31,7 +32,8 @@ from mtplx import native_build
 ENV = "MTPLX_SMALL_GEMM"
 THREADS_ENV = "MTPLX_SMALL_GEMM_THREADS"
 PREFETCH_ENV = "MTPLX_PREFETCH"  # off: fetch no weight rows ahead (here and in the C draft chain)
-SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"  # how long the idle helper polls before it sleeps (default 2000)
+SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"
+SMALL_ROWS = 32  # the most rows the kernel takes outside rows_up_to (its mtplx_small_rows)  # how long the idle helper polls before it sleeps (default 2000)
 BUILD = native_build.Kernel("small_gemm", libs=("-ldl", "-lpthread"), wide=True)  # dlsym, the helper thread
 
 
@@ -93,6 +95,24 @@ def set_prefetch(kernel: ctypes.CDLL, on: bool) -> None:
     """Fetch the next block of weight rows while a block computes (True, the default) or not, for
     side-by-side runs (bench/small_gemm.py --compare prefetch). The same bits either way."""
     ctypes.c_int.in_dll(kernel, "mtplx_small_prefetch").value = 1 if on else 0
+
+
+@contextlib.contextmanager
+def rows_up_to(kernel: ctypes.CDLL | None, rows: int):
+    """Inside the block the kernel takes products of up to `rows` rows (at least its usual 32),
+    for a batched decode step: B rows x (k + 1) tokens passes 32 at 7-8 rows and depth 4, and MKL
+    beyond would give a batched row other bits than the same row alone (whose k + 1 rows the
+    kernel takes), so greedy batch == alone would hold only by luck there. The kernel's sums do not
+    depend on the row count. The count is read at each call: the block must contain the eval."""
+    if kernel is None or rows <= SMALL_ROWS:
+        yield
+        return
+    cap = ctypes.c_int.in_dll(kernel, "mtplx_small_rows")
+    cap.value = rows
+    try:
+        yield
+    finally:
+        cap.value = SMALL_ROWS
 
 
 def threads_wanted() -> bool:

@@ -288,6 +288,53 @@ def test_past_the_few_row_kernels_threshold_a_batched_verify_is_each_row_alone_b
     assert all(equal), (lengths, equal)
 
 
+def test_a_batch_past_32_rows_a_product_keeps_each_rows_bits(dense_engine):
+    """Eight rows verifying 5 tokens each multiply 40 rows per product, past the small-row
+    kernel's usual 32: the batch keeps them on the kernel (small_gemm.rows_up_to), whose sums do not
+    depend on the row count, so every row's rounds and caches equal its own alone, bit for bit
+    (MKL beyond 32 rows gave other last bits)."""
+    from mtplx import fast_path
+
+    if fast_path.KERNEL is None:
+        pytest.skip("the small-row kernel is not active in this process")
+    prompts = _prompts(dense_engine) + [p[:-4] for p in _prompts(dense_engine)]
+
+    def ready(prompt):
+        request = GenerationRequest(prompt, SamplingParams(max_tokens=200, ignore_eos=True))
+        gen = Generation(dense_engine.runner, request, use_mtp=True, depth=4, chunk_size=64, eos_ids=dense_engine.eos_ids,
+                         submitted_at=0.0)
+        for _ in gen.prefill(StartPoint(), (), None):
+            pass
+        list(gen.first_token())
+        return gen
+
+    def run():
+        alone, gens = [ready(p) for p in prompts], [ready(p) for p in prompts]
+        solo = []
+        for gen in alone:
+            rounds = []
+            for _ in range(3):
+                new, drafts, accepted = gen.speculator.round(gen.draft_budget())
+                list(gen.take_round(new, drafts, accepted))
+                rounds.append((new, drafts, accepted))
+            solo.append(rounds)
+        batch, logs = DecodeBatch(dense_engine.runner, gens), [[] for _ in gens]
+        for _ in range(3):
+            for log, gen, result in zip(logs, gens, batch.step()):
+                list(gen.take_round(*result))
+                log.append(result)
+        batch.release()
+        same = [all(mx.array_equal(x, y).item() for la, lb in zip(a.state.trunk, b.state.trunk)
+                    for x, y in zip(_layer_arrays(la), _layer_arrays(lb)))
+                for a, b in zip(alone, gens)]
+        return solo, logs, same
+
+    solo, logs, same = dense_engine.call(run)
+    assert max(len(d) for rounds in logs for _, d, _ in rounds) == 4  # 8 rows x 5 tokens per product
+    assert logs == solo
+    assert all(same), same
+
+
 def test_leaving_order_fills_freed_slots_from_the_end():
     from mtplx.engine.batch_cache import leaving_order
 

@@ -25,6 +25,7 @@ from mlx_lm.models.cache import KVCache
 
 from mtplx.engine import batch_cache, cache_state
 from mtplx.engine.batch_cache import RaggedKVCache
+from mtplx.engine.compiled import STEP_TOKENS
 from mtplx.engine.generation import Generation
 from mtplx.engine.speculation import accept_drafts, draw_draft
 from mtplx.state.turn import TurnState
@@ -91,7 +92,9 @@ class DecodeBatch:
 
     def step(self) -> list[tuple]:
         """One step for every row: [(new tokens, drafts, accepted)] (drafts empty for AR rows)."""
-        with self.runner.small_forwards():  # a few rows per matmul: MKL on one thread (runner.small_forwards)
+        # A few rows per matmul: MKL on one thread, and every product on the small-row kernel however
+        # many rows x tokens, as each row's alone (runner.small_forwards).
+        with self.runner.small_forwards(rows=len(self.gens) * (STEP_TOKENS + 1)):
             return self._round() if self.mtp_mode else self._ar_step()
 
     # -- autoregressive ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ The runner knows arrays and caches, never requests or events. Only the engine th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -207,10 +208,17 @@ class ModelRunner:
             mx.eval(logits)
         return logits, hidden
 
-    def small_forwards(self):
+    def small_forwards(self, rows: int = 0):
         """Context for decode steps and verifies (1 to k+1 tokens): MKL on one thread (see
-        compute.blas_threads). Evaluate inside it."""
-        return blas_threads(1)
+        compute.blas_threads); `rows`: a batched step's most rows per product, all kept on the
+        small-row kernel (small_gemm.rows_up_to). Evaluate inside it."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(blas_threads(1))
+        if rows:
+            from mtplx import fast_path, small_gemm
+
+            stack.enter_context(small_gemm.rows_up_to(fast_path.KERNEL, rows))
+        return stack
 
 
 def _macs(module) -> int:
