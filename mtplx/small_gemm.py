@@ -32,8 +32,7 @@ from mtplx import native_build
 ENV = "MTPLX_SMALL_GEMM"
 THREADS_ENV = "MTPLX_SMALL_GEMM_THREADS"
 PREFETCH_ENV = "MTPLX_PREFETCH"  # off: fetch no weight rows ahead (here and in the C draft chain)
-SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"
-SMALL_ROWS = 32  # the most rows the kernel takes outside rows_up_to (its mtplx_small_rows)  # how long the idle helper polls before it sleeps (default 2000)
+SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"  # how long the idle helper polls before it sleeps (default 2000)
 BUILD = native_build.Kernel("small_gemm", libs=("-ldl", "-lpthread"), wide=True)  # dlsym, the helper thread
 
 
@@ -104,15 +103,16 @@ def rows_up_to(kernel: ctypes.CDLL | None, rows: int):
     beyond would give a batched row other bits than the same row alone (whose k + 1 rows the
     kernel takes), so greedy batch == alone would hold only by luck there. The kernel's sums do not
     depend on the row count. The count is read at each call: the block must contain the eval."""
-    if kernel is None or rows <= SMALL_ROWS:
+    cap = None if kernel is None else ctypes.c_int.in_dll(kernel, "mtplx_small_rows")
+    before = None if cap is None else cap.value
+    if cap is None or rows <= before:
         yield
         return
-    cap = ctypes.c_int.in_dll(kernel, "mtplx_small_rows")
     cap.value = rows
     try:
         yield
     finally:
-        cap.value = SMALL_ROWS
+        cap.value = before
 
 
 def threads_wanted() -> bool:
