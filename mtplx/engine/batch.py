@@ -86,8 +86,8 @@ class DecodeBatch:
             gen.state.trunk = trunk
             if self.mtp is not None:
                 gen.state.mtp = self.mtp.row(b)
-        mx.eval([a for g in self.gens for c in g.state.trunk for a in _arrays(c)] +
-                [a for g in self.gens if self.mtp is not None for a in _arrays(g.state.mtp)])
+        mx.eval([a for g in self.gens for c in g.state.trunk for a in batch_cache.layer_arrays(c)] +
+                [a for g in self.gens if self.mtp is not None for a in batch_cache.layer_arrays(g.state.mtp)])
         self.trunk = self.mtp = None
 
     def step(self) -> list[tuple]:
@@ -285,14 +285,6 @@ def _pad(array: mx.array, length: int, axis: int) -> mx.array:
 
 def _plain_greedy(gen: Generation) -> bool:
     return gen.params.greedy and not gen.params.penalised and gen.shape is None and gen.params.logprobs is None
-
-
-def _arrays(layer) -> list:
-    if layer is None:
-        return []
-    if hasattr(layer, "keys"):
-        return [a for a in (layer.keys, layer.values) if a is not None]
-    return [a for a in layer.cache if a is not None]
 
 
 def can_batch(gen: Generation) -> bool:

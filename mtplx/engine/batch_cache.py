@@ -209,9 +209,7 @@ def split(batched: list, rows: int) -> list[list]:
             if isinstance(layer, RaggedKVCache):
                 out[b].append(layer.row(b))
             else:
-                single = ArraysCache(len(layer.cache))
-                single.cache = [None if a is None else mx.contiguous(a[b : b + 1]) for a in layer.cache]
-                out[b].append(single)
+                out[b].append(_recurrent_row(layer, b))
     return out
 
 
@@ -223,9 +221,7 @@ def row_views(batched: list, b: int) -> list:
         if isinstance(layer, RaggedKVCache):
             out.append(layer.view(b))
         else:
-            single = ArraysCache(len(layer.cache))
-            single.cache = [None if a is None else a[b : b + 1] for a in layer.cache]
-            out.append(single)
+            out.append(_recurrent_row(layer, b, copy=False))
     return out
 
 
@@ -255,12 +251,10 @@ def drop_rows(batched: list, leaving: list[int]) -> tuple[list[list], list[int]]
                 mine.append(cache)
             continue
         for mine, b in zip(out, leaving):
-            single = ArraysCache(len(layer.cache))
-            single.cache = [None if a is None else mx.contiguous(a[b : b + 1]) for a in layer.cache]
-            mine.append(single)
+            mine.append(_recurrent_row(layer, b))
         picks = mx.array(order)
         layer.cache = [None if a is None else a[picks] for a in layer.cache]
-    mx.eval([a for row in out for c in row for a in _state(c)] + [a for layer in batched for a in _state(layer)])
+    mx.eval([a for row in out for c in row for a in layer_arrays(c)] + [a for layer in batched for a in layer_arrays(layer)])
     return out, order
 
 
@@ -273,7 +267,7 @@ def add_rows(batched: list, layers: list[list]) -> None:
         elif type(layer) is ArraysCache and all(type(c) is ArraysCache for c in per_row):
             for i, a in enumerate(layer.cache):
                 parts = [c.cache[i] for c in per_row]
-                if (a is None) != any(p is None for p in parts) or any((p is None) != (parts[0] is None) for p in parts):
+                if len({a is None, *(p is None for p in parts)}) > 1:
                     raise ValueError("recurrent rows differ in which arrays they hold; cannot batch them")
                 if a is not None:
                     layer.cache[i] = mx.concatenate([a, *parts], axis=0)
@@ -281,10 +275,21 @@ def add_rows(batched: list, layers: list[list]) -> None:
             raise TypeError(f"cannot add rows of types {sorted({type(c).__name__ for c in per_row})} to layer {at}")
 
 
-def _state(layer) -> list:
-    if isinstance(layer, (RaggedKVCache, KVCache)):
+def layer_arrays(layer) -> list:
+    """The arrays one layer's cache holds (attention keys and values, or recurrent state)."""
+    if layer is None:
+        return []
+    if hasattr(layer, "keys"):
         return [a for a in (layer.keys, layer.values) if a is not None]
     return [a for a in layer.cache if a is not None]
+
+
+def _recurrent_row(layer: ArraysCache, b: int, copy: bool = True) -> ArraysCache:
+    """Row b of a batched recurrent layer as a one-sequence cache: a copy, or views (`copy`
+    False: for a copy taken at once, as RaggedKVCache.view)."""
+    single = ArraysCache(len(layer.cache))
+    single.cache = [None if a is None else (mx.contiguous(a[b : b + 1]) if copy else a[b : b + 1]) for a in layer.cache]
+    return single
 
 
 def _pad_slots(array: mx.array, cap: int) -> mx.array:

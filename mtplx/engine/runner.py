@@ -212,12 +212,13 @@ class ModelRunner:
         """Context for decode steps and verifies (1 to k+1 tokens): MKL on one thread (see
         compute.blas_threads); `rows`: a batched step's most rows per product, all kept on the
         small-row kernel (small_gemm.rows_up_to). Evaluate inside it."""
+        if not rows:
+            return blas_threads(1)  # every decode step alone comes here: no more than before
+        from mtplx import fast_path, small_gemm
+
         stack = contextlib.ExitStack()
         stack.enter_context(blas_threads(1))
-        if rows:
-            from mtplx import fast_path, small_gemm
-
-            stack.enter_context(small_gemm.rows_up_to(fast_path.KERNEL, rows))
+        stack.enter_context(small_gemm.rows_up_to(fast_path.KERNEL, rows))
         return stack
 
 
