@@ -131,7 +131,8 @@ def membership_cost(engine: Engine, batch: list[tuple[int, ...]], repeat: int) -
     """One row leaving and one joining a batch of len(batch) rows at `repeat` times the prompts'
     context, each evaluated: as the scheduler did it before (the batch handed back to every row,
     the new membership merged) and as it does now (DecodeBatch.drop: the leaving row takes a copy,
-    the last row moves into its slot; DecodeBatch.add: the row appended). Medians of 5 in ms,
+    the last row moves into its slot; DecodeBatch.add: the row written into the slot that freed,
+    in place, as an agent's next request does). Medians of 5 in ms,
     {"leave": (before, now), "join": (before, now)}, and the rows' context length."""
     import mlx.core as mx
 
@@ -166,7 +167,7 @@ def membership_cost(engine: Engine, batch: list[tuple[int, ...]], repeat: int) -
 
             whole, ms = timed(old_join)
             times[("join", 0)].append(ms)
-            # now: a middle row leaves (the last row moves into its slot), then joins again at the end
+            # now: a middle row leaves (the last row moves into its slot), then joins the spare slot
             times[("leave", 1)].append(timed(lambda: whole.drop([gens[2]]))[1])
 
             def new_join():

@@ -192,9 +192,10 @@ def test_batched_verify_accepts_and_rolls_back_per_row(engine):
 
 def test_rows_leave_and_join_a_running_batch_each_as_alone(engine):
     """Membership changes move only the rows they concern: rows 0 and 1 leave mid-batch (the last
-    rows move into their slots), decode alone with the caches they took, then join again with a
-    row that started alone. Every row's rounds, and its caches at the end, equal the same rounds
-    alone; the rows that stayed were never handed back and re-merged."""
+    rows move into their slots, theirs stay spare), decode alone with the caches they took, then
+    row 1 and a row that started alone join into the spare slots, and row 0 joins a batch with none
+    left. Every row's rounds, and its caches at the end, equal the same rounds alone; the rows that
+    stayed were never handed back and re-merged."""
     prompts = _prompts(engine) + [_prompts(engine)[0][:-3]]
     rounds = 12
 
@@ -223,21 +224,28 @@ def test_rows_leave_and_join_a_running_batch_each_as_alone(engine):
             alone_round(gens[4], logs[id(gens[4])])
         batch.drop([gens[1], gens[0]])
         order = [gens.index(g) for g in batch.gens]
+        attention = next(layer for layer in batch.trunk if hasattr(layer, "keys"))
+        slots = [attention.keys.shape[0]]  # the freed slots stay, spare
         for _ in range(2):
             batch_round(batch)
             for gen in (gens[0], gens[1], gens[4]):
                 alone_round(gen, logs[id(gen)])
-        batch.add([gens[1], gens[4], gens[0]])
-        for _ in range(rounds - 6):
+        batch.add([gens[1], gens[4]])  # into the spare slots, in place
+        slots.append(attention.keys.shape[0])
+        batch_round(batch)
+        alone_round(gens[0], logs[id(gens[0])])
+        batch.add([gens[0]])  # no slot spare: the batch grows
+        slots.append(attention.keys.shape[0])
+        for _ in range(rounds - 7):
             batch_round(batch)
         final = [gens.index(g) for g in batch.gens]
         batch.release()
         arrays = [[[_layer_arrays(layer) for layer in g.state.trunk + [g.state.mtp]] for g in side]
                   for side in (alone, gens)]
-        return solo, [logs[id(g)] for g in gens], order, final, arrays
+        return solo, [logs[id(g)] for g in gens], order, final, slots, arrays
 
-    solo, batched, order, final, (alone_arrays, batched_arrays) = engine.call(run)
-    assert order == [2, 3] and final == [2, 3, 1, 4, 0]
+    solo, batched, order, final, slots, (alone_arrays, batched_arrays) = engine.call(run)
+    assert order == [2, 3] and final == [2, 3, 1, 4, 0] and slots == [4, 4, 5]
     assert batched == solo
     for a_layers, b_layers in zip(alone_arrays, batched_arrays):
         for la, lb in zip(a_layers, b_layers):

@@ -37,7 +37,9 @@ def ragged_lengths(mask) -> tuple[int, ...] | None:
 
 class RaggedKVCache:
     def __init__(self, keys: mx.array | None, values: mx.array | None, lengths: list[int], masks: list | None = None):
-        self.keys, self.values = keys, values  # (B, heads, capacity, dim)
+        # (slots, heads, capacity, dim): rows 0 .. len(lengths) - 1 are the batch's; a row that
+        # left leaves its slot spare for the next to join (drop, add)
+        self.keys, self.values = keys, values
         self.lengths = list(lengths)
         self.offset = mx.array(self.lengths)  # each row's position of its next token (RoPE reads it)
         # [key, mask] shared by the layers of one batch: every layer sees the same lengths, so a
@@ -62,12 +64,22 @@ class RaggedKVCache:
         return cls(keys, values, lengths, masks)
 
     def add(self, rows: list[KVCache]) -> None:
-        """Append one-sequence caches as new rows: one concatenation (the buffer grows to the longest
-        row first, if it must)."""
+        """Append one-sequence caches as new rows: into spare slots in place where there are enough
+        (a row that left freed one: an agent's next request takes it), else one concatenation of the
+        batch's rows and the new ones (the buffer grows to the longest row first, if it must)."""
         if self.keys is None:  # no row holds a token yet: the new rows make the buffer
             joined = RaggedKVCache.from_rows([KVCache() for _ in self.lengths] + list(rows))
             self.keys, self.values = joined.keys, joined.values
+        elif rows and len(self.lengths) + len(rows) <= self.keys.shape[0] and \
+                max(r.offset for r in rows) <= self.keys.shape[2]:
+            # into the slots rows that left freed, in place: the batch's rows are not copied
+            for at, r in enumerate(rows, start=len(self.lengths)):
+                if r.keys is not None and r.offset:
+                    self.keys[at : at + 1, :, : r.offset] = r.keys[..., : r.offset, :]
+                    self.values[at : at + 1, :, : r.offset] = r.values[..., : r.offset, :]
+            mx.eval(self.keys, self.values)  # the rows' own buffers can go now
         elif rows:
+            live = len(self.lengths)
             lengths = [r.offset for r in rows]
             need = max(self.lengths + lengths)
             cap = self.keys.shape[2] if need <= self.keys.shape[2] else (need // _STEP + 1) * _STEP
@@ -77,8 +89,8 @@ class RaggedKVCache:
                     return mx.zeros((1, buffer.shape[1], cap, buffer.shape[3]), buffer.dtype)
                 return _pad_slots(mine[..., :n, :], cap)
 
-            self.keys = mx.concatenate([_pad_slots(self.keys, cap)] + [part(self.keys, r.keys, r.offset) for r in rows])
-            self.values = mx.concatenate([_pad_slots(self.values, cap)] +
+            self.keys = mx.concatenate([_pad_slots(self.keys[:live], cap)] + [part(self.keys, r.keys, r.offset) for r in rows])
+            self.values = mx.concatenate([_pad_slots(self.values[:live], cap)] +
                                          [part(self.values, r.values, r.offset) for r in rows])
         self.lengths = self.lengths + [r.offset for r in rows]
         self.offset = mx.array(self.lengths)
@@ -86,7 +98,8 @@ class RaggedKVCache:
     def drop(self, leaving: list[int], order: list[int]) -> list[KVCache]:
         """Rows `leaving` as one-sequence caches (copies); the batch keeps the rows `order` names
         (order[i]: the old row now at i), each moved row copied into the slot a leaving row freed.
-        Slots past a moved row's length keep the old row's values: the mask hides them."""
+        Slots past a moved row's length keep the old row's values: the mask hides them. The slots
+        past the kept rows stay in the buffer, spare (add fills them in place)."""
         out = [self.row(b) for b in leaving]
         if self.keys is None:  # no row holds a token: nothing to move
             self.lengths = [self.lengths[o] for o in order]
@@ -102,9 +115,7 @@ class RaggedKVCache:
             n = self.lengths[o]
             self.keys[i : i + 1, :, :n] = parts[o][0]
             self.values[i : i + 1, :, :n] = parts[o][1]
-        keep = len(order)
-        self.keys, self.values = self.keys[:keep], self.values[:keep]
-        mx.eval(self.keys, self.values)
+        mx.eval(self.keys, self.values)  # the slots past the rows kept stay allocated, spare for a join
         self.lengths = [self.lengths[o] for o in order]
         self.offset = mx.array(self.lengths)
         return out
@@ -132,20 +143,30 @@ class RaggedKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         B, heads, S, _ = keys.shape
         need = max(self.lengths) + S
+        slots_held = B if self.keys is None else self.keys.shape[0]
         if self.keys is None or need > self.keys.shape[2]:
             grow = (need // _STEP + 1) * _STEP - (0 if self.keys is None else self.keys.shape[2])
-            new_k = mx.zeros((B, heads, grow, keys.shape[3]), keys.dtype)
-            new_v = mx.zeros((B, heads, grow, values.shape[3]), values.dtype)
+            new_k = mx.zeros((slots_held, heads, grow, keys.shape[3]), keys.dtype)
+            new_v = mx.zeros((slots_held, heads, grow, values.shape[3]), values.dtype)
             self.keys = new_k if self.keys is None else mx.concatenate([self.keys, new_k], axis=2)
             self.values = new_v if self.values is None else mx.concatenate([self.values, new_v], axis=2)
         # One scatter per buffer, whatever the batch size: a decode step is dispatch-bound on the
         # CPU, and a slice write per row was 2B ops per layer (put_along_axis broadcasts the
         # (B, 1, S, 1) slot indices over heads and dims).
         slots = (self.offset[:, None] + mx.arange(S)[None, :])[:, None, :, None]
+        if slots_held > B:
+            # Spare slots take zeros at their first positions: a scatter writes every slot, and one
+            # into a view of the buffer would copy it whole (the buffer has another holder then).
+            spare = slots_held - B
+            keys = mx.pad(keys, [(0, spare), (0, 0), (0, 0), (0, 0)])
+            values = mx.pad(values, [(0, spare), (0, 0), (0, 0), (0, 0)])
+            slots = mx.concatenate([slots, mx.broadcast_to(mx.arange(S)[None, None, :, None], (spare, 1, S, 1))])
         self.keys = mx.put_along_axis(self.keys, slots, keys, axis=2)
         self.values = mx.put_along_axis(self.values, slots, values, axis=2)
         self.lengths = [n + S for n in self.lengths]
         self.offset = mx.array(self.lengths)
+        if slots_held > B:
+            return self.keys[:B, :, :need], self.values[:B, :, :need]
         return self.keys[..., :need, :], self.values[..., :need, :]
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **_) -> mx.array:
