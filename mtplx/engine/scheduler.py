@@ -9,8 +9,10 @@ sequence: sequences of one mode (MTP or AR) that can share a batch run as ONE ba
 (batch.DecodeBatch), any other runs alone. Each request still gets exactly its events of today:
 Restored, PrefillProgress, FirstToken, Tokens, DraftVerified, Finished.
 
-A batch's caches are merged when its membership changes (a sequence joins after its first token,
-or leaves when it finishes or is cancelled) and handed back to the rows then, never per step.
+A batch's caches are merged once, when its first rows start together; after that a sequence
+that joins (after its first token) is added into the batch's buffers, and one that leaves (it
+finished or was cancelled) takes its own caches while the others stay in place (DecodeBatch.add,
+drop). Never per step.
 
 The scheduler knows sequences, batches and a memory estimate; the engine owns queues, the bank
 and listeners and hands the scheduler admitted sequences and two callbacks.
