@@ -165,9 +165,7 @@ class RaggedKVCache:
         self.values = mx.put_along_axis(self.values, slots, values, axis=2)
         self.lengths = [n + S for n in self.lengths]
         self.offset = mx.array(self.lengths)
-        if slots_held > B:
-            return self.keys[:B, :, :need], self.values[:B, :, :need]
-        return self.keys[..., :need, :], self.values[..., :need, :]
+        return self.keys[:B, :, :need], self.values[:B, :, :need]
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **_) -> mx.array:
         """(B, 1, N, K) booleans for N new tokens per row: query j of row b sits at lengths[b] + j
