@@ -128,6 +128,7 @@ class Kernel:
 # `mtplx models` can say whether it runs without importing MLX.
 ATTENTION = Kernel("attention", libs=("-lpthread",))
 ATTENTION_ENV = "MTPLX_ATTENTION_KERNEL"
+PREFETCH_ENV = "MTPLX_PREFETCH"  # off: neither the small-row kernel nor the draft chain fetches weight rows ahead
 CPU_ATTENTION_ENV = "MTPLX_CPU_ATTENTION"  # off: MLX's own attention everywhere, kernel or not
 
 

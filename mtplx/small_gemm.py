@@ -31,7 +31,6 @@ from mtplx import native_build
 
 ENV = "MTPLX_SMALL_GEMM"
 THREADS_ENV = "MTPLX_SMALL_GEMM_THREADS"
-PREFETCH_ENV = "MTPLX_PREFETCH"  # off: fetch no weight rows ahead (here and in the C draft chain)
 SPIN_ENV = "MTPLX_SMALL_GEMM_SPIN_US"  # how long the idle helper polls before it sleeps (default 2000)
 BUILD = native_build.Kernel("small_gemm", libs=("-ldl", "-lpthread"), wide=True)  # dlsym, the helper thread
 
@@ -61,7 +60,7 @@ def attach(kernel: ctypes.CDLL, blas: ctypes.CDLL) -> None:
     second thread where this process may run on two cores or more."""
     kernel.mtplx_small_gemm_next(ctypes.cast(blas.cblas_sgemm, ctypes.c_void_p))
     set_threads(kernel, threads_wanted())
-    set_prefetch(kernel, native_build.switched_on(PREFETCH_ENV))
+    set_prefetch(kernel, native_build.switched_on(native_build.PREFETCH_ENV))
     if (spin := spin_ns()) is not None:
         ctypes.c_long.in_dll(kernel, "mtplx_small_spin_ns").value = spin
 

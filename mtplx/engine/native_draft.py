@@ -44,7 +44,6 @@ ENV = "MTPLX_NATIVE_DRAFT"
 BUILD = native_build.Kernel("draft_step", libs=("-lpthread",), extra=("-mf16c",), features=("f16c",))  # half-precision weight loads
 MAX_SLOTS = 64  # the kernel's scratch slots: pending pairs + drafts
 TEAM = os.environ.get("MTPLX_DRAFT_TEAM", "on").lower() not in ("off", "0", "false")
-PREFETCH_ENV = "MTPLX_PREFETCH"  # off: neither C kernel fetches the next weight rows ahead (side-by-side runs)
 
 # The chain pays where a head step is dispatch-bound: measured on the embedded models' heads (~0.9M
 # multiply-adds a step in its matrices), where one core's loops beat MLX's ~40 dispatched ops. A
@@ -121,7 +120,7 @@ class NativeDraft:
 
     def __init__(self, lib: ctypes.CDLL, runner):
         self.lib, self.runner = lib, runner
-        self.set_prefetch(native_build.switched_on(PREFETCH_ENV))
+        self.set_prefetch(native_build.switched_on(native_build.PREFETCH_ENV))
         lib.mtplx_draft_chains.restype = ctypes.c_int
         lib.mtplx_draft_scratch.restype = ctypes.c_long
         head, layer = runner.mtp, runner.mtp.layers[0]
