@@ -123,6 +123,12 @@ class RequestStats:
     prefill_tps: float | None = None
     predicted_drafted: int = 0  # predicted-output tokens verified (OpenAI `prediction`)
     predicted_accepted: int = 0  # ... and kept
+    queued_s: float = 0.0  # submitted -> admitted (engine/stats.py: sharing the engine)
+    rounds: int = 0  # decode rounds after the first token
+    batched_rounds: int = 0  # ... of which in a batch
+    batch_rows: int = 0  # the batch's rows summed over those rounds
+    others_s: float = 0.0  # while it decoded, the engine's time on other requests between its rounds
+    rows_mean: float | None = None  # requests decoding together per round, itself included
 
     @classmethod
     def from_dict(cls, data: dict) -> "RequestStats":

@@ -21,7 +21,8 @@ def test_fresh_database_gets_every_migration(tmp_path):
     assert names == [name for name, _ in MIGRATIONS]
     assert store.db.journal_mode == "wal"
     assert store.add(row(replay_run="run1", turn_index=0, reasoning_tokens=3, predicted_drafted=32, predicted_accepted=30,
-                         entry_origin="shared_prompt"))
+                         entry_origin="shared_prompt", queued_s=0.2, rounds=40, batched_rounds=30, rows_mean=2.5,
+                         others_s=0.05))
 
 
 def test_old_database_is_migrated_and_keeps_its_rows(tmp_path):
@@ -36,6 +37,7 @@ def test_old_database_is_migrated_and_keeps_its_rows(tmp_path):
     assert store.get("r-old")["prompt_tokens"] == 10
     assert "replay_run" in store.db["receipts"].columns_dict and "reasoning_tokens" in store.db["receipts"].columns_dict
     assert {"predicted_drafted", "predicted_accepted"} <= set(store.db["receipts"].columns_dict)
+    assert {"queued_s", "rounds", "batched_rounds", "rows_mean", "others_s"} <= set(store.db["receipts"].columns_dict)
     assert migrate(store.db) == []  # idempotent
 
 
@@ -132,6 +134,9 @@ def test_writer_folds_a_turn_from_engine_events(tmp_path, dense_engine):
     assert r["session"] == "s" and r["source"] == "tui" and r["completion_tokens"] == fin.completion_tokens
     assert r["ttft_first_token_s"] > 0 and r["request_json"] == '{"hello": 1}' and len(r["output_sha256"]) == 64
     assert r["model_identity"] == dense_engine.checkpoint.identity and r["restore_source"] == "cold"
+    # alone: every round its own, nothing waited for
+    assert r["rounds"] == fin.stats.rounds > 0 and r["batched_rounds"] == 0 and r["rows_mean"] == 1.0
+    assert r["others_s"] == 0.0 and 0 <= r["queued_s"] < r["ttft_first_token_s"]
 
 
 def test_a_predicted_turns_receipt_says_how_much_of_the_prediction_was_kept(tmp_path, dense_engine):

@@ -69,6 +69,41 @@ def test_batched_greedy_equals_alone(engine, use_mtp, batch_sizes):
     assert batch_sizes.modes == {"mtp" if use_mtp else "ar"}
 
 
+@pytest.mark.parametrize("use_mtp", [True, False], ids=["mtp", "ar"])
+def test_each_turn_counts_the_rounds_it_decoded_in_a_batch_and_beside_how_many(dense_engine, use_mtp, batch_sizes):
+    requests = [GenerationRequest(r.prompt, r.sampling, use_mtp=use_mtp, session=r.session) for r in _requests(dense_engine)]
+    alone = dense_engine.submit(requests[0]).result().stats
+    assert (alone.batched_rounds, alone.batch_rows, alone.rows_mean, alone.others_s) == (0, 0, 1.0, 0.0)
+    together = [s.result().stats for s in _submit_together(dense_engine, requests)]
+    for stats in (alone, *together):  # a round is a verify with MTP, one token's step without
+        assert stats.rounds == (stats.verify_calls if use_mtp else stats.completion_tokens - 1)
+    # each batched step of B rows is one batched round of each of its rows, beside B rows
+    assert sum(s.batched_rounds for s in together) == sum(batch_sizes) > 0
+    assert sum(s.batch_rows for s in together) == sum(b * b for b in batch_sizes)
+    assert all(1.0 < s.rows_mean <= 4 for s in together)
+
+
+def test_a_turn_counts_its_wait_for_admission_and_for_other_requests_prompts(dense_engine):
+    engine = Engine(dense_engine.model_path, EngineConfig(chunk_size=64, max_batch=1), name="tiny-dense").start()
+    try:
+        first, second = (s.result().stats for s in _submit_together(engine, _requests(dense_engine, 2, max_tokens=24)))
+    finally:
+        engine.stop()
+    assert second.queued_s >= first.ttft_s + first.decode_s > 0  # admitted once the first had ended
+    # a long prompt prefilled in chunks while a turn decodes: the turn waited for those chunks
+    decoding = dense_engine.submit(_requests(dense_engine, 1, max_tokens=300)[0])
+    for event in decoding:
+        if isinstance(event, Tokens):
+            break
+    tok = dense_engine.checkpoint.tokenizer
+    long_prompt = tok.apply_chat_template([{"role": "user", "content": "Summarise this log. " + "step ok; " * 300}],
+                                          add_generation_prompt=True)
+    other = dense_engine.submit(GenerationRequest(tuple(long_prompt), SamplingParams(max_tokens=2), session="other"))
+    other, decoded = other.result(), decoding.result()
+    assert other.prompt_tokens > 2 * dense_engine.config.chunk_size
+    assert decoded.stats.others_s > 0 and other.stats.others_s == 0.0
+
+
 def test_seeded_sampling_in_a_batch_equals_alone(engine, batch_sizes):
     requests = lambda: _requests(engine, 3, temperature=0.8, seed=11, max_tokens=24)
     alone = [engine.submit(r).result().token_ids for r in requests()]

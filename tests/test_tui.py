@@ -17,7 +17,8 @@ SIZE = (150, 40)
 def _turn(rid: str, prompt: int, cached: int, text: str, drafted: list[int], accepted: list[int], source="tui") -> list:
     stats = GenerationStats(mode="mtp", depth=len(drafted), prompt_tokens=prompt, cached_tokens=cached,
                             completion_tokens=40, verify_calls=drafted[0], drafted_by_depth=drafted,
-                            accepted_by_depth=accepted, ttft_s=0.125, decode_s=0.5)
+                            accepted_by_depth=accepted, ttft_s=0.125, decode_s=0.5, queued_s=0.002,
+                            rounds=drafted[0], batched_rounds=drafted[0] - 2, batch_rows=3 * (drafted[0] - 2), others_s=0.031)
     stats.drafted_by_segment.update(reasoning=sum(drafted) // 2, content=sum(drafted) - sum(drafted) // 2)
     stats.accepted_by_segment.update(reasoning=sum(accepted) // 2, content=sum(accepted) - sum(accepted) // 2)
     return [Queued(rid, 0, SimpleNamespace(source=source, session="s", prompt_tokens=prompt)),
@@ -769,6 +770,18 @@ def test_turn_numbers_show_a_predicted_outputs_drafts():
     assert "acceptance d1 9/10  d2 7/8  predicted 110/120\n" in numbers(row | {"predicted_drafted": 120,
                                                                                 "predicted_accepted": 110})
     assert "acceptance predicted 30/32\n" in numbers({"predicted_drafted": 32, "predicted_accepted": 30})
+
+
+def test_turn_numbers_say_how_the_turn_shared_the_engine():
+    """Why a turn beside others was slower: its wait for admission, its rounds in a batch and
+    beside how many, the other requests' work between its rounds; a receipt from before says so."""
+    from tui.screens.turn import numbers
+
+    row = {"queued_s": 0.25, "rounds": 40, "batched_rounds": 30, "rows_mean": 2.5, "others_s": 0.031}
+    assert numbers(row).endswith("shared engine: queued 0.250s  rounds 40, 30 in a batch (2.5 rows a round)  "
+                                 "others' work between its rounds 0.031s")
+    assert numbers({"queued_s": 0.0, "rounds": 0}).endswith("no decode round after the first token")
+    assert numbers({}).endswith("shared engine: -")
 
 
 def test_a_taken_default_port_moves_the_endpoint_and_says_so(monkeypatch):

@@ -504,6 +504,7 @@ class Engine:
             use_mtp = self.config.use_mtp if request.use_mtp is None else request.use_mtp
             gen = Generation(self.runner, request, use_mtp=use_mtp, depth=request.depth or self.config.depth,
                              chunk_size=self.config.chunk_size, eos_ids=self.eos_ids, submitted_at=sub.submitted_at)
+            gen.stats.queued_s = time.monotonic() - sub.submitted_at  # admitted now
             seq = Sequence(sub, gen, None, self._cost(request))
             if self.bank:
                 self._share_running(request)

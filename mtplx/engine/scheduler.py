@@ -21,6 +21,7 @@ and listeners and hands the scheduler admitted sequences and two callbacks.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -130,30 +131,51 @@ class Scheduler:
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> None:
-        budget, joining = self.chunk_size, []
+        budget, joining, prefilled = self.chunk_size, [], False
+        started = time.perf_counter()
         for _ in range(len(self.prefilling)):  # each sequence at most once a step
             seq = self.prefilling[0]
             if budget < self.chunk_size and (seq.todo is None or seq.todo > budget):
                 break  # the decoding rows wait for one chunk's worth of prompt, never more
             self.prefilling.popleft()
+            prefilled = True
             spent = self._prefill(seq, budget, shared=bool(self.prefilling or self.groups or joining))
             budget -= spent
             if seq.decoding:
                 joining.append(seq)
             if budget <= 0:
                 break
+        if prefilled:  # the rows already decoding waited for these prompt chunks
+            self._waited(time.perf_counter() - started)
         for key in dict.fromkeys(self._key(s) for s in joining):  # one merge per batch, however many join
             rows = [s for s in joining if self._key(s) == key]
             try:
                 self._join(key, rows)
             except Exception as exc:  # joining its batch failed: those requests fail, the rest goes on
                 self._drop_group(key, exc, also=rows)
-        for key in list(self.groups):
+        # Several decode groups (a batch beside a row that cannot join it) wait on each other: a
+        # group's rows for the groups before it, charged before its rows may finish, then for those after.
+        order, took = list(self.groups), []
+        for key in order:
+            if took:
+                self._waited(sum(took), only=key)
+            started = time.perf_counter()
             try:
                 self._decode(key)
             except Exception as exc:  # a merge or hand-back failed: that batch's rows fail
                 self._drop_group(key, exc)
+            took.append(time.perf_counter() - started)
+        for i, key in enumerate(order[:-1]):
+            self._waited(sum(took[i + 1:]), only=key)
         self.current = None
+
+    def _waited(self, seconds: float, only=None) -> None:
+        """Charge `seconds` of other requests' work to the decoding rows (of group `only`, else
+        of every group): a turn that decoded beside others shows what it waited for."""
+        for key, rows in self.groups.items():
+            if only is None or key == only:
+                for seq in rows:
+                    seq.gen.stats.others_s += seconds
 
     def _drop_group(self, key, exc: Exception, also: tuple = ()) -> None:
         log.exception("batch %s failed", key)
@@ -209,12 +231,16 @@ class Scheduler:
                 results = self.batches[key].step()
                 for seq, (new, drafts, accepted) in zip(rows, results):
                     self.current = seq.request_id
+                    stats = seq.gen.stats
+                    stats.rounds, stats.batched_rounds, stats.batch_rows = \
+                        stats.rounds + 1, stats.batched_rounds + 1, stats.batch_rows + len(rows)
                     events = seq.gen.take_round(new, drafts, accepted) if drafts else seq.gen.take_tokens(new)
                     for event in events:
                         self.publish(seq, event)
             else:
                 seq = rows[0]
                 self.current = seq.request_id
+                seq.gen.stats.rounds += 1
                 for event in seq.gen.step():
                     self.publish(seq, event)
         except Exception as exc:  # a batched forward failing fails its rows, never the others

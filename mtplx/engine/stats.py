@@ -1,5 +1,7 @@
 """Per-request generation statistics, counted while the request runs: speculation acceptance by
-depth and by segment, the time split. `freeze` gives the typed record the Finished event carries."""
+depth and by segment, the time split, and how the request shared the engine with others (the
+scheduler counts those: its wait for admission, its rounds in a batch, the other requests' work
+between its rounds). `freeze` gives the typed record the Finished event carries."""
 
 from __future__ import annotations
 
@@ -31,6 +33,13 @@ class GenerationStats:
     ttft_s: float | None = None
     predicted_drafted: int = 0  # predicted-output tokens verified (engine/prediction.py)
     predicted_accepted: int = 0  # ... and kept
+    # Sharing the engine: why a turn beside others was slower than alone (scheduler.py counts them)
+    queued_s: float = 0.0  # submitted -> admitted (max_batch or the memory budget full)
+    rounds: int = 0  # decode rounds after the first token (MTP verifies or AR steps)
+    batched_rounds: int = 0  # ... of which as one row of a batch
+    batch_rows: int = 0  # the rows of its batch, summed over those rounds
+    others_s: float = 0.0  # while it decoded: the engine's time on other requests (their prompt
+    #   chunks, other decode groups), between its rounds
 
     def __post_init__(self):
         if not self.drafted_by_depth:
@@ -59,6 +68,13 @@ class GenerationStats:
         return [a / d if d else None for a, d in zip(self.accepted_by_depth, self.drafted_by_depth)]
 
     @property
+    def rows_mean(self) -> float | None:
+        """Requests decoding together with it per round, itself included (1.0: always alone)."""
+        if not self.rounds:
+            return None
+        return (self.batch_rows + self.rounds - self.batched_rounds) / self.rounds
+
+    @property
     def decode_tps(self) -> float | None:
         return self.completion_tokens / self.decode_s if self.decode_s > 0 else None
 
@@ -72,4 +88,4 @@ class GenerationStats:
         counted = {k: tuple(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
                    for k, v in vars(self).items()}
         return RequestStats(**counted, tau=self.tau, acceptance_by_depth=tuple(self.acceptance_by_depth),
-                            decode_tps=self.decode_tps, prefill_tps=self.prefill_tps)
+                            decode_tps=self.decode_tps, prefill_tps=self.prefill_tps, rows_mean=self.rows_mean)

@@ -78,6 +78,17 @@ def _add_entry_origin(db: sqlite_utils.Database) -> None:
         db["receipts"].add_column("entry_origin", str)
 
 
+# How the turn shared the engine with others (engine/stats.py): its wait for admission, its decode
+# rounds and those in a batch, the mean rows per round, the other requests' work between its rounds
+SHARING = {"queued_s": float, "rounds": int, "batched_rounds": int, "rows_mean": float, "others_s": float}
+
+
+def _add_sharing(db: sqlite_utils.Database) -> None:
+    for column, kind in SHARING.items():
+        if column not in db["receipts"].columns_dict:
+            db["receipts"].add_column(column, kind)
+
+
 # Append-only: never edit or reorder; add a new named step instead.
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("001_create_receipts", _create),
@@ -87,6 +98,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("005_render_ahead", _add_render_ahead),
     ("006_prediction", _add_prediction),
     ("007_entry_origin", _add_entry_origin),
+    ("008_sharing", _add_sharing),
 ]
 
 

@@ -45,7 +45,20 @@ def numbers(receipt: dict) -> str:
             f"from {r.get('restore_source') or '-'} at {r.get('anchor') or '-'} (entry {r.get('entry_id') or '-'}"
             f"{', ' + made_by(r['entry_origin']) if r.get('entry_origin') else ''})"
             f"  finish {r.get('finish_reason') or '-'}  completion {_f(r.get('completion_tokens'))} tokens\n"
-            f"shortfall: {r.get('shortfall') or 'none'}")
+            f"shortfall: {r.get('shortfall') or 'none'}\n"
+            f"{sharing(r)}")
+
+
+def sharing(r: dict) -> str:
+    """How the turn shared the engine: what it waited for, and how many decoded beside it."""
+    if r.get("rounds") is None:  # a receipt written before these were counted
+        return "shared engine: -"
+    if not r["rounds"]:
+        return f"shared engine: queued {_f(r.get('queued_s'), '.3f')}s  no decode round after the first token"
+    rows = r.get("rows_mean")
+    return (f"shared engine: queued {_f(r.get('queued_s'), '.3f')}s  rounds {r['rounds']}, "
+            f"{_f(r.get('batched_rounds'))} in a batch ({_f(rows, '.1f')} rows a round)  "
+            f"others' work between its rounds {_f(r.get('others_s'), '.3f')}s")
 
 
 def from_record(record) -> dict:
@@ -61,6 +74,8 @@ def from_record(record) -> dict:
             "drafted_by_depth": json.dumps(list(s.drafted_by_depth)),
             "accepted_by_depth": json.dumps(list(s.accepted_by_depth)),
             "predicted_drafted": s.predicted_drafted, "predicted_accepted": s.predicted_accepted,
+            "queued_s": s.queued_s, "rounds": s.rounds, "batched_rounds": s.batched_rounds, "rows_mean": s.rows_mean,
+            "others_s": s.others_s,
             "finish_reason": record.finish, "completion_tokens": f.completion_tokens}
 
 

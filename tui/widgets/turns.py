@@ -1,5 +1,5 @@
 """The per-turn table, newest first: prompt tokens, reuse ceiling, cached tokens and ratio, TTFT,
-speed, tau, session, where the restore came from, finish (as the client saw it) and the cause of
+speed, the requests it decoded beside (rows a round, itself included), tau, session, where the restore came from, finish (as the client saw it) and the cause of
 any shortfall. Columns drop by priority when the panel is narrow, so the key numbers (through
 TTFT) stay visible at 80x24."""
 
@@ -17,7 +17,7 @@ from mtplx.receipts.report import ratio_text
 # (key, label, width, priority: lower survives longer)
 COLUMNS = (("turn", "#", 3, 0), ("session", "session", 10, 3), ("source", "src", 6, 8), ("prompt", "prompt", 6, 1),
            ("ceiling", "ceil", 5, 1), ("cached", "cached", 6, 1), ("ratio", "ratio", 5, 1), ("ttft", "TTFT s", 6, 1),
-           ("tps", "tok/s", 5, 2), ("tau", "tau", 4, 7), ("from", "from", 5, 6), ("mode", "mode", 6, 9),
+           ("tps", "tok/s", 5, 2), ("rows", "rows", 4, 7), ("tau", "tau", 4, 7), ("from", "from", 5, 6), ("mode", "mode", 6, 9),
            ("finish", "finish", 10, 4), ("shortfall", "shortfall", 12, 5))
 MAX_ROWS = 500
 
@@ -47,6 +47,7 @@ class TurnRecord:
                 "cached": str(f.cached_tokens), "ratio": ratio_text(f.cached_tokens, r.ceiling if r else None),
                 "ttft": f"{s.ttft_s:.3f}" if s.ttft_s is not None else "-",
                 "tps": f"{s.decode_tps:.1f}" if s.decode_tps else "-",
+                "rows": f"{s.rows_mean:.1f}" if s.rows_mean else "-",
                 "tau": f"{s.tau:.2f}" if s.tau else "-", "from": r.source if r else "-",
                 "mode": f"mtp d{s.depth}" if s.mode == "mtp" else "ar", "finish": self.finish,
                 "shortfall": (r.shortfall or "") if r else ""}
