@@ -101,6 +101,31 @@ def test_sample_transcripts_load_and_export_converts(tmp_path):
     assert [len(turn.body["messages"]) for turn in t.turns] == [1, 3]
 
 
+def test_a_turn_whose_tools_changed_has_the_ceiling_its_head_shares(tokenizer):
+    """Tools are rendered into the head: when a session's tools change, the server can know no
+    more than the part of the head that stayed, not every message it saw (which would blame the
+    bank for a shortfall it could not avoid); a head another session sent is knowable whole."""
+    from mtplx.bank.anchors import Markers
+    from mtplx.chat import common_prefix, head_end, render
+    from mtplx.replay.run import ceilings
+
+    def tool(name):
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+
+    system, ask = {"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the build."}
+    said = [system, ask, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks."}]
+    both, fewer = [tool("read_file"), tool("grep")], [tool("grep")]
+    turns = (Turn("s", {"messages": [system, ask], "tools": both}), Turn("s", {"messages": said, "tools": fewer}),
+             Turn("t", {"messages": [system, ask], "tools": both}), Turn("t", {"messages": said, "tools": fewer}))
+    got = ceilings(Transcript("tools", "", turns), tokenizer)
+    first, changed = render(tokenizer, [system, ask], both), render(tokenizer, said, fewer)
+    shared = common_prefix(first, changed)
+    assert 0 < shared < head_end(tokenizer, changed, Markers.from_tokenizer(tokenizer))
+    assert got[1] == (len(changed), shared)
+    # session t's tools change to a head session s already sent: that head is knowable whole
+    assert got[3] == (len(changed), head_end(tokenizer, changed, Markers.from_tokenizer(tokenizer)))
+
+
 def test_in_process_replay_restores_warm_turns(tmp_path):
     from pathlib import Path
 

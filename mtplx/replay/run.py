@@ -20,7 +20,7 @@ import httpx
 
 from mtplx.bank.anchors import Markers
 from mtplx.bank.spans import message_spans, reuse_ratio
-from mtplx.chat import head_end, render
+from mtplx.chat import common_prefix, head_end, render
 from mtplx.errors import MtplxError
 from mtplx.replay.client import ReplayRejected, stream_turn
 from mtplx.replay.transcript import Transcript
@@ -31,10 +31,13 @@ def ceilings(transcript: Transcript, tokenizer) -> list[tuple[int, int | None]]:
 
     A turn's ceiling is where the first message the server had not seen in the session's
     previous request starts (the transcript's assistant messages are teacher-forced, so they are
-    new to the server). A session's first turn can reuse a head another session already sent."""
+    new to the server). A session's first turn can reuse a head another session already sent. A
+    turn whose system prompt or tools changed can reuse only what its head shares with the
+    session's previous one (all of it when another request sent this head before)."""
     markers = Markers.from_tokenizer(tokenizer)
     seen_heads: set[tuple] = set()
     sent: dict[str, int] = {}
+    previous: dict[str, tuple] = {}  # each session's previous head and prompt
     out = []
     for turn in transcript.turns:
         msgs, tools = turn.body["messages"], turn.body.get("tools")
@@ -44,10 +47,14 @@ def ceilings(transcript: Transcript, tokenizer) -> list[tuple[int, int | None]]:
         if turn.session in sent:
             spans = message_spans(prompt, msgs, markers)
             ceiling = next((s.start for s in spans if s.index >= sent[turn.session]), len(prompt))
+            before_head, before = previous[turn.session]
+            if head_key != before_head:
+                ceiling = min(ceiling, head if head_key in seen_heads else common_prefix(before, prompt))
         else:
             ceiling = head if head_key in seen_heads else None
         if head_key:
             seen_heads.add(head_key)
+        previous[turn.session] = (head_key, list(prompt))
         sent[turn.session] = len(msgs)
         out.append((len(prompt), ceiling))
     return out
