@@ -104,26 +104,48 @@ def test_sample_transcripts_load_and_export_converts(tmp_path):
 def test_a_turn_whose_tools_changed_has_the_ceiling_its_head_shares(tokenizer):
     """Tools are rendered into the head: when a session's tools change, the server can know no
     more than the part of the head that stayed, not every message it saw (which would blame the
-    bank for a shortfall it could not avoid); a head another session sent is knowable whole."""
+    bank for a shortfall it could not avoid); a head another session sent is knowable whole, and
+    back on its first tools the session's messages under them count again."""
     from mtplx.bank.anchors import Markers
+    from mtplx.bank.spans import message_spans
     from mtplx.chat import common_prefix, head_end, render
     from mtplx.replay.run import ceilings
 
     def tool(name):
         return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
 
+    markers = Markers.from_tokenizer(tokenizer)
     system, ask = {"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the build."}
     said = [system, ask, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks."}]
+    more = said + [{"role": "assistant", "content": "Welcome."}, {"role": "user", "content": "And the docs?"}]
     both, fewer = [tool("read_file"), tool("grep")], [tool("grep")]
     turns = (Turn("s", {"messages": [system, ask], "tools": both}), Turn("s", {"messages": said, "tools": fewer}),
-             Turn("t", {"messages": [system, ask], "tools": both}), Turn("t", {"messages": said, "tools": fewer}))
+             Turn("t", {"messages": [system, ask], "tools": both}), Turn("t", {"messages": said, "tools": fewer}),
+             Turn("s", {"messages": more, "tools": both}))
     got = ceilings(Transcript("tools", "", turns), tokenizer)
     first, changed = render(tokenizer, [system, ask], both), render(tokenizer, said, fewer)
     shared = common_prefix(first, changed)
-    assert 0 < shared < head_end(tokenizer, changed, Markers.from_tokenizer(tokenizer))
+    assert 0 < shared < head_end(tokenizer, changed, markers)
     assert got[1] == (len(changed), shared)
     # session t's tools change to a head session s already sent: that head is knowable whole
-    assert got[3] == (len(changed), head_end(tokenizer, changed, Markers.from_tokenizer(tokenizer)))
+    assert got[3] == (len(changed), head_end(tokenizer, changed, markers))
+    # s back on its first tools: knowable up to the first message its request under them had not sent
+    back = render(tokenizer, more, both)
+    assert got[4] == (len(back), next(span.start for span in message_spans(back, more, markers) if span.index == 2))
+
+
+def test_a_message_the_client_edited_is_new_to_the_server(tokenizer):
+    from mtplx.bank.anchors import Markers
+    from mtplx.bank.spans import message_spans
+    from mtplx.chat import render
+    from mtplx.replay.run import ceilings
+
+    ask, reply = {"role": "user", "content": "Fix the build."}, {"role": "assistant", "content": "Done."}
+    edited = [ask, reply, {"role": "user", "content": "Now the docs, please."}]
+    turns = (Turn("s", {"messages": [ask, reply, {"role": "user", "content": "Now the docs."}]}), Turn("s", {"messages": edited}))
+    prompt = render(tokenizer, edited, None)
+    spans = message_spans(prompt, edited, Markers.from_tokenizer(tokenizer))
+    assert ceilings(Transcript("edit", "", turns), tokenizer)[1] == (len(prompt), next(s.start for s in spans if s.index == 2))
 
 
 def test_in_process_replay_restores_warm_turns(tmp_path):

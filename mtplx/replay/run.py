@@ -31,31 +31,35 @@ def ceilings(transcript: Transcript, tokenizer) -> list[tuple[int, int | None]]:
 
     A turn's ceiling is where the first message the server had not seen in the session's
     previous request starts (the transcript's assistant messages are teacher-forced, so they are
-    new to the server). A session's first turn can reuse a head another session already sent. A
-    turn whose system prompt or tools changed can reuse only what its head shares with the
-    session's previous one (all of it when another request sent this head before)."""
+    new to the server; a message the client edited since is new too). A session's first turn can reuse a head another session already sent. As
+    the server does (server/turns.session_from), a session is scoped by its head (system prompt
+    and tools): a turn whose head changed to one the session had not used can reuse only what it
+    shares with the session's previous request (all of its head when another request sent it);
+    back on a head it used, the session's messages under that head count."""
     markers = Markers.from_tokenizer(tokenizer)
     seen_heads: set[tuple] = set()
-    sent: dict[str, int] = {}
-    previous: dict[str, tuple] = {}  # each session's previous head and prompt
+    sent: dict[tuple, list] = {}  # (session, head) -> the messages of its previous request
+    last: dict[str, list[int]] = {}  # each session's previous prompt
     out = []
     for turn in transcript.turns:
         msgs, tools = turn.body["messages"], turn.body.get("tools")
         prompt = render(tokenizer, msgs, tools)
         head = head_end(tokenizer, prompt, markers)
         head_key = tuple(prompt[:head]) if head else None
-        if turn.session in sent:
+        key = (turn.session, head_key)
+        if key in sent:
             spans = message_spans(prompt, msgs, markers)
-            ceiling = next((s.start for s in spans if s.index >= sent[turn.session]), len(prompt))
-            before_head, before = previous[turn.session]
-            if head_key != before_head:
-                ceiling = min(ceiling, head if head_key in seen_heads else common_prefix(before, prompt))
+            known = next((i for i, (a, b) in enumerate(zip(msgs, sent[key])) if a != b), min(len(msgs), len(sent[key])))
+            ceiling = next((s.start for s in spans if s.index >= known), len(prompt))
+        elif head_key in seen_heads:
+            ceiling = head
+        elif turn.session in last:  # its system prompt or tools changed: the part it shares is knowable
+            ceiling = common_prefix(last[turn.session], prompt)
         else:
-            ceiling = head if head_key in seen_heads else None
+            ceiling = None
         if head_key:
             seen_heads.add(head_key)
-        previous[turn.session] = (head_key, list(prompt))
-        sent[turn.session] = len(msgs)
+        sent[key], last[turn.session] = list(msgs), list(prompt)
         out.append((len(prompt), ceiling))
     return out
 
