@@ -164,3 +164,40 @@ def test_a_prefill_only_turn_banks_its_prompt_and_the_next_turn_restores_it_to_c
     after = banked.submit(GenerationRequest(full, params, session="pre")).result()
     cold = cold_engine.submit(GenerationRequest(full, params)).result()
     assert after.cached_tokens >= warm.prompt_tokens - 1 and after.token_ids == cold.token_ids
+
+
+def test_a_session_whose_tools_changed_restores_its_system_prompt_and_equals_cold(banked, dense_engine, hybrid_engine):
+    """Same system prompt, fewer tools (a subagent, an agent mode, an MCP server gone): the new
+    head shares the old one up to where the tools begin, and on the hybrid model a state was
+    captured there (the "system" anchor), so the turn restores the system prompt, not nothing."""
+    from mtplx.events import Restored
+
+    cold_engine = dense_engine if banked.name == "tiny-dense" else hybrid_engine
+    tok = banked.checkpoint.tokenizer
+
+    def tool(name):
+        return {"type": "function", "function": {"name": name, "description": f"The {name} tool.",
+                                                 "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+
+    system = {"role": "system", "content": "You are a careful coding agent working in a Python repository. " * 4}
+    first = [system, {"role": "user", "content": "Where is the parser?"}]
+    second = [system, {"role": "user", "content": "Summarise the docs folder."}]
+    params = SamplingParams(max_tokens=12, temperature=0)
+    banked.submit(chat_request(tok, first, [tool("read_file"), tool("grep")], sampling=params, session="main")).result()
+    banked.settle()
+    seen = []
+    listen = lambda e: seen.append(e) if isinstance(e, Restored) else None
+    banked.listeners.append(listen)
+    try:
+        request = chat_request(tok, second, [tool("grep")], sampling=params, session="subagent")
+        fin = banked.submit(request).result()
+        end = banked.call(lambda: next(a.position for a in banked.bank.plan(request.prompt, use_mtp=True,
+                                                                           chat=request.chat).anchors if a.kind == "system"))
+    finally:
+        banked.listeners.remove(listen)
+    cold = cold_engine.submit(GenerationRequest(request.prompt, params)).result()
+    assert fin.token_ids == cold.token_ids
+    assert fin.cached_tokens >= end > 0
+    if banked.name == "tiny-hybrid":  # state exists only where it was captured: exactly there
+        assert seen[-1].anchor == "system" and fin.cached_tokens == end
+

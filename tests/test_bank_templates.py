@@ -134,6 +134,39 @@ def test_gemmas_head_ends_where_the_first_user_messages_text_begins(tokenizers):
             if a.kind == "head"] == [a.position for a in prompt_anchors(prompt, Markers.from_tokenizer(llama)) if a.kind == "head"]
 
 
+def test_the_system_text_before_the_tools_is_an_anchor_of_its_own(tokenizers, deepseek):
+    """Inside the head, where the system text ends and the tool list begins (bank/system_end.py):
+    the same point whatever the tools, so a session whose tools changed restores its system
+    prompt. Found on the template's own renderings; none without tools, none where the prompt's
+    tokens are not that system prompt's."""
+    from mtplx.bank.plan import common_prefix
+
+    def tool(name):
+        return {"type": "function", "function": {"name": name, "description": f"The {name} tool.",
+                                                 "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+
+    system = {"role": "system", "content": "You are a careful coding agent. Read before you edit. " * 4}
+    ask = {"role": "user", "content": "Fix the failing test."}
+    for name, tok in (("chatml", tokenizers["chatml"]), ("deepseek", deepseek)):
+        bank = SessionBank(tok, "x", recurrent=True)
+
+        def anchors(tools, messages=(system, ask)):
+            prompt = render(tok, list(messages), tools)
+            plan = bank.plan(prompt, use_mtp=False, chat={"messages": list(messages), "tools": tools})
+            return prompt, {a.kind: a.position for a in plan.anchors if a.kind in ("system", "head")}
+
+        both, (fewer, ends) = anchors([tool("read_file"), tool("grep")]), anchors([tool("grep")])
+        (prompt, found) = both
+        if name == "chatml":  # Qwen's template: the system text, then "# Tools"
+            assert "system" in found and tok.decode(prompt[: found["system"]]).rstrip().endswith("Read before you edit.")
+        if "system" in found:
+            assert 32 <= found["system"] < found["head"] and ends.get("system") == found["system"]
+            assert common_prefix(prompt, fewer) >= found["system"]  # both heads hold it: a restore point for either
+        assert "system" not in anchors(None)[1]  # no tools: the head is the system text
+        other = {"role": "system", "content": "You are terse. " * 12}
+        assert anchors([tool("grep")], (other, ask))[1].get("system") != found.get("system") or "system" not in found
+
+
 def test_spans_on_integer_lists():
     """Pure: turn 1 opens at token 1; the flags decide which messages share a turn."""
     prompt = [0, 1, 9, 5, 2, 1, 8, 5, 2, 1, 8, 6, 2, 1, 8, 6, 2, 1, 7]

@@ -1,6 +1,7 @@
 """Anchor positions in a prompt: where a restore may land, found from the tokens alone.
 
-Kinds: "head" (end of the system/tools turn), "message" (end of each complete turn, by the
+Kinds: "head" (end of the system/tools turn), "system" (inside it, where the system text ends and
+a tool list begins: bank/system_end.py), "message" (end of each complete turn, by the
 template's own turn markers, or where the next role token opens a message: see markers.py), "prompt_end", "generation_end", and a fixed "grid"
 fallback. The planner knows token lists and
 anchors, never text or arrays.
@@ -15,7 +16,8 @@ import numpy as np
 from mtplx.bank.markers import Markers  # noqa: F401  (re-exported: callers import it from here)
 
 HEAD, MESSAGE, PROMPT_END, GENERATION_END, GRID = "head", "message", "prompt_end", "generation_end", "grid"
-KINDS = (HEAD, MESSAGE, PROMPT_END, GENERATION_END, GRID)
+SYSTEM = "system"
+KINDS = (HEAD, SYSTEM, MESSAGE, PROMPT_END, GENERATION_END, GRID)
 
 
 class Anchor(NamedTuple):  # a tuple, not a dataclass: prompts carry hundreds and planning is hot

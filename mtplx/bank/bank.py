@@ -19,9 +19,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mtplx.bank.anchors import HEAD, MESSAGE, Anchor, Markers, as_tokens, prompt_anchors
+from mtplx.bank.anchors import HEAD, MESSAGE, SYSTEM, Anchor, Markers, as_tokens, prompt_anchors
 from mtplx.bank.entry import Entry
 from mtplx.bank.folded_head import FoldedHeads
+from mtplx.bank.system_end import SystemEnds
 from mtplx.bank.plan import (RestorePlan, attribute_miss, common_prefix, plan_eviction, plan_restore, superseded,
                              thin_checkpoints)
 from mtplx.bank.spans import message_spans, reuse_ceiling, same_reply
@@ -127,6 +128,7 @@ class SessionBank:
         self.config, self.ssd, self.notify = config, ssd, notify
         self.markers = Markers.from_tokenizer(tokenizer)
         self.folded_heads = FoldedHeads(tokenizer)
+        self.system_ends = SystemEnds(tokenizer)
         self.think_id = token_id(tokenizer, "<think>")
         self.entries: dict[str, Entry] = {}
         self.evicted: deque[tuple[int, ...]] = deque(maxlen=32)
@@ -185,6 +187,10 @@ class SessionBank:
             head = self.folded_heads.head(chat, tokens)
             if head is not None and head >= self.config.min_restore:
                 anchors = sorted([a for a in anchors if a.position != head] + [Anchor(head, HEAD)], key=lambda a: a.position)
+        head = next((a.position for a in anchors if a.kind == HEAD), None)
+        if head is not None and (end := self.system_ends.position(chat, tokens, head)) is not None \
+                and end >= self.config.min_restore:  # the system text before the tools: kept when they change
+            anchors = sorted([a for a in anchors if a.position != end] + [Anchor(end, SYSTEM)], key=lambda a: a.position)
         identity = self.identity(use_mtp)
         restore = plan_restore(tokens, anchors, self.views(), identity, need_mtp=use_mtp, recurrent=self.recurrent,
                                min_restore=self.config.min_restore)
@@ -268,7 +274,7 @@ class SessionBank:
     def put(self, entry: Entry) -> None:
         """Keep `entry` in RAM (thinned to the checkpoint budget, absorbing the entries it
         supersedes), queue its SSD write, and evict RAM entries over the budget."""
-        pinned = {a.position for a in entry.anchors if a.kind in ("head",)}
+        pinned = {a.position for a in entry.anchors if a.kind in (HEAD, SYSTEM)}
         messages = [a.position for a in entry.anchors if a.kind == MESSAGE]
         pinned.update(messages[-2:])
         keep = thin_checkpoints(list(entry.checkpoints), self.config.max_checkpoints, pinned)

@@ -24,6 +24,16 @@ PROBES = ("What is in docs?", "Zebra crossing, 42.")  # first tokens unlike each
 KEEP = 64  # system prompts remembered (each costs two renderings the first time it is seen)
 
 
+def leading_system(messages: list) -> list[dict]:
+    """The system (and developer) messages a conversation opens with."""
+    lead = []
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer"):
+            break
+        lead.append(m)
+    return lead
+
+
 class FoldedHeads:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -34,11 +44,7 @@ class FoldedHeads:
         the first token of its first user message's text, or None when it has no leading system
         message or its tokens up to there are not the probe's."""
         messages = (chat or {}).get("messages") or []
-        lead = []
-        for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "developer"):
-                break
-            lead.append(m)
+        lead = leading_system(messages)
         if not lead or len(lead) == len(messages):
             return None
         key = json.dumps([lead, chat.get("tools")], sort_keys=True, default=str)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mtplx.bank.anchors import Anchor, GRID, HEAD, MESSAGE, PROMPT_END, as_tokens
+from mtplx.bank.anchors import Anchor, GRID, HEAD, MESSAGE, PROMPT_END, SYSTEM, as_tokens
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def plan_restore(prompt, anchors: list[Anchor], entries: list[EntryView], identi
     captures = ()
     if recurrent:  # attention-only models keep their whole KV and can be cut anywhere
         captures = tuple(a.position for a in anchors if position < a.position < len(prompt)
-                         and a.kind in (HEAD, MESSAGE, PROMPT_END, GRID))
+                         and a.kind in (HEAD, SYSTEM, MESSAGE, PROMPT_END, GRID))
     note = None
     if chosen is not None and position < best_match - 1 and best_match < len(prompt):
         note = f"no restorable state between {position} and the match at {best_match}"

@@ -33,8 +33,9 @@ HELP = """[b]mtplx — keys[/b] (f1 works while typing; ctrl+p lists every actio
   chart     TTFT and ratio per turn (f7: with axes)
   bank      one row per entry, live (every store and restore); "ahead":
             a render-ahead entry (the next turn's expected rendering),
-            "ssd": on disk only; the strip: H head, M message end, P prompt
-            end, G generation end, # grid, | recurrent checkpoint
+            "ssd": on disk only; the strip: H head (S: its system text
+            before the tools), M message end, P prompt end, G generation
+            end, # grid, | recurrent checkpoint
   anchor    the selected entry to scale; the red mark is where the restore
   map       cut: the bank's latest, or the selected turn's own (f4)
   accept-   MTP drafts kept by draft depth: live for the request decoding,

@@ -8,7 +8,7 @@ from textual.widgets import Static
 
 from tui.widgets.bank import GLYPH, ORIGIN, origin_of
 
-STYLE = {"head": "bold magenta", "message": "bold cyan", "prompt_end": "bold yellow", "generation_end": "bold green",
+STYLE = {"head": "bold magenta", "system": "bold blue", "message": "bold cyan", "prompt_end": "bold yellow", "generation_end": "bold green",
          "grid": "dim"}
 
 

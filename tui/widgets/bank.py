@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.message import Message
 from textual.widgets import DataTable
 
-GLYPH = {"head": "H", "message": "M", "prompt_end": "P", "generation_end": "G", "grid": "#"}
+GLYPH = {"head": "H", "system": "S", "message": "M", "prompt_end": "P", "generation_end": "G", "grid": "#"}
 # (key, label, width, priority: lower survives longer); the anchor strip takes what is left
 COLUMNS = (("session", "session", 10, 0), ("origin", "from", 5, 0), ("tokens", "tokens", 6, 1), ("hits", "hits", 4, 2),
            ("kib", "KiB", 6, 3))
@@ -63,7 +63,7 @@ class BankTable(DataTable):
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
-        self.border_title = "bank: H head  M message  P prompt end  G generation end  | checkpoint"
+        self.border_title = "bank: H head  S system  M message  P prompt end  G generation end  | checkpoint"
         self.shape: tuple[list[str], int] | None = None
         self.show([])
 
