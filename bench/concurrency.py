@@ -1,7 +1,7 @@
 """Several sessions at once vs one alone, on the embedded models (MTP on, greedy).
 
     python bench/concurrency.py [--models tiny-dense tiny-hybrid] [--sessions 4] [--tokens 128] [--runs 3] [--ttfts 5]
-                                [--steady 10] [--membership-context 4096]
+                                [--steady 10] [--long-prompt 3072] [--membership-context 4096]
 
 Per model:
 - aggregate decode tok/s of N sessions streaming at once vs one session alone (tokens after each
@@ -14,6 +14,10 @@ Per model:
   MTP round over the same rows, and one row leaving and one joining N rows at
   `--membership-context` tokens, as the scheduler did it before (hand every row back, merge the
   new membership) and does now (DecodeBatch.drop / add: only that row moves);
+- a long prompt (`--long-prompt` tokens) arriving while a reply streams, at each share of the
+  engine's time that prompts get while replies stream (`EngineConfig.prefill_share`: 1.0, a prompt
+  chunk every step, as before; 0.5, the default), alternated: the stream's decode tok/s while the
+  prompt goes in, and the prompt's TTFT;
 - the steady state (`--steady` seconds): one row alone and the N rows batched, blocks of 40
   rounds (after 4 untimed) alternated in one process, no prefill, admission or release inside:
   the ratio that the span's other costs (the other rows' prefills, the batch's first and last
@@ -42,7 +46,7 @@ from mtplx.catalog import resolve  # noqa: E402
 from mtplx.engine.engine import Engine, EngineConfig  # noqa: E402
 from mtplx.engine.request import GenerationRequest  # noqa: E402
 from mtplx.engine.sampling import SamplingParams  # noqa: E402
-from mtplx.events import Finished, FirstToken  # noqa: E402
+from mtplx.events import Finished, FirstToken, Tokens  # noqa: E402
 from mtplx.launch import fit_helper  # noqa: E402
 
 TOPICS = ["Explain src/ledger/events.py and how the replay uses it", "List the tests of the parser module",
@@ -87,6 +91,38 @@ def ttft_under_load(engine: Engine, long: tuple[int, ...], short: tuple[int, ...
     loaded = _ttft(engine.submit(GenerationRequest(short, SamplingParams(max_tokens=4), session="short")).result().stats)
     streaming.result()
     return alone_ttft, loaded
+
+
+def prefill_beside_stream(engine: Engine, short: tuple[int, ...], long: tuple[int, ...], shares: list[float],
+                          runs: int) -> dict[float, tuple[float, float]]:
+    """{share: (the stream's decode tok/s while `long` is prefilled, long's TTFT s)}, medians of
+    `runs` alternations: `long` is submitted once the stream decodes."""
+    got: dict[float, tuple[list, list]] = {share: ([], []) for share in shares}
+    for _ in range(runs):
+        for share in shares:
+            engine.call(lambda: setattr(engine.scheduler, "prefill_share", share))
+            marks: list = []
+            listen = lambda e: marks.append(e) if isinstance(e, (Tokens, FirstToken)) else None
+            engine.listeners.append(listen)
+            try:
+                stream = engine.submit(GenerationRequest(short, SamplingParams(max_tokens=10**5, ignore_eos=True),
+                                                         session="stream"))
+                for event in stream:
+                    if isinstance(event, Tokens):
+                        break
+                sub = engine.submit(GenerationRequest(long, SamplingParams(max_tokens=2), session="long"))
+                start = time.monotonic()
+                first = next(e for e in sub if isinstance(e, FirstToken))
+                sub.result()
+                stream.cancel()
+                stream.result()
+            finally:
+                engine.listeners.remove(listen)
+            rid = stream.request.request_id
+            n = sum(len(e.token_ids) for e in marks if isinstance(e, Tokens) and e.request_id == rid and start <= e.t <= first.t)
+            got[share][0].append(n / (first.t - start))
+            got[share][1].append(first.ttft_s)
+    return {share: (statistics.median(a), statistics.median(b)) for share, (a, b) in got.items()}
 
 
 def _ttft(stats) -> float:
@@ -236,10 +272,12 @@ def main() -> None:
     ap.add_argument("--ttfts", type=int, default=5)
     ap.add_argument("--steady", type=float, default=10.0,
                     help="seconds of steady-state blocks per model and mode, MTP and AR (0: none)")
+    ap.add_argument("--long-prompt", type=int, default=3072,
+                    help="tokens of the prompt that arrives while a reply streams (0: no such line)")
     ap.add_argument("--membership-context", type=int, default=4096,
                     help="context length of the rows a membership change moves (0: no such line)")
     args = ap.parse_args()
-    rows, steadies, memberships, helpers = [], [], [], []
+    rows, steadies, memberships, helpers, besides = [], [], [], [], []
     for name in args.models:
         engine = Engine(resolve(name), EngineConfig(use_mtp=True), name=name).start()
         helpers.append((name, fit_helper(engine)))  # as the serving processes set it
@@ -263,6 +301,9 @@ def main() -> None:
             if args.membership_context:
                 repeat = max(1, args.membership_context // len(batch[0]))
                 memberships.append((name, *membership_cost(engine, batch, repeat)))
+            if args.long_prompt:
+                long = tuple(prompts(engine, 1)[0] * max(1, args.long_prompt // len(batch[0])))
+                besides.append((name, len(long), prefill_beside_stream(engine, batch[1], long, [1.0, 0.5], args.runs)))
             if args.steady > 0:
                 steadies.append((name, *steady(engine, batch, args.steady), *steady(engine, batch, args.steady, use_mtp=False)))
             alone_ttft = statistics.median(a for a, _ in ttfts)
@@ -287,6 +328,9 @@ def main() -> None:
         print(f"{name:<12} a row leaving / joining {n} rows at {context} tokens: release + merge "
               f"{cost['leave'][0]:.1f} / {cost['join'][0]:.1f} ms, drop / add {cost['leave'][1]:.1f} / "
               f"{cost['join'][1]:.1f} ms")
+    for name, length, by_share in besides:
+        print(f"{name:<12} a {length}-token prompt arriving while a reply streams, by the prompts' share of the engine: "
+              + "; ".join(f"{share:g}: stream {tps:.0f} tok/s, prompt TTFT {ttft:.2f} s" for share, (tps, ttft) in by_share.items()))
     print("small-row kernel's helper thread: " + ", ".join(f"{m} {'on' if on else 'off' if on is False else 'no kernel'}"
                                                          for m, on in helpers))
     print("\ntargets: ratio >= 2.5x, TTFT streaming/alone <= 1.5x, batch == alone on every request")

@@ -466,6 +466,60 @@ def test_admission_counts_each_row_at_the_longest_rows_estimate():
     assert not scheduler.can_admit(1)
 
 
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.25])
+def test_prompts_get_their_share_of_the_engine_while_replies_stream(monkeypatch, share):
+    """A prompt chunk at agent context costs many decode rounds (here 10): with a chunk every
+    step (share 1.0) a streaming reply got a tenth of the engine while another prompt went in.
+    With a share, a step runs the rounds alone while the prompts are ahead of it: over the
+    contention the prompts' time stays within their share, one chunk over at most."""
+    from types import SimpleNamespace
+
+    from mtplx.engine import scheduler as scheduler_module
+    from mtplx.engine.scheduler import Scheduler
+    from mtplx.engine.stats import GenerationStats
+
+    clock, ran = [0.0], []
+    monkeypatch.setattr(scheduler_module.time, "perf_counter", lambda: clock[0])
+
+    def prefill(self, seq, budget, shared=False):  # one chunk; the prompt has more to come
+        ran.append("P")
+        clock[0] += 10.0
+        self.prefilling.append(seq)
+        return budget
+
+    def decode(self, key):
+        ran.append("D")
+        clock[0] += 1.0
+
+    monkeypatch.setattr(Scheduler, "_prefill", prefill)
+    monkeypatch.setattr(Scheduler, "_decode", decode)
+    scheduler = Scheduler(None, chunk_size=64, max_batch=8, memory_budget=10**9, publish=None, finish=None,
+                          prefill_share=share)
+    scheduler.prefilling.append(SimpleNamespace(todo=10**6, decoding=False))
+    scheduler.groups["mtp"] = [SimpleNamespace(gen=SimpleNamespace(stats=GenerationStats()))]
+    for _ in range(200):
+        scheduler.step()
+    prompts, rounds = 10.0 * ran.count("P"), 1.0 * ran.count("D")
+    assert ran.count("D") == 200  # every step decodes
+    assert (prompts - 10.0) / (prompts - 10.0 + rounds) <= share  # within their share, one chunk over at most
+    # and not held back past it: one more chunk would have been over, or a chunk ran every step
+    assert ran.count("P") == 200 or (prompts + 10.0) / (prompts + 10.0 + rounds) > share
+    if share == 1.0:
+        assert ran == ["P", "D"] * 200  # as before: a chunk every step
+    scheduler.groups.clear()  # no reply streams: a chunk every step again
+    ran.clear()
+    for _ in range(3):
+        scheduler.step()
+    assert ran == ["P"] * 3
+
+
+def test_the_prompts_share_is_between_0_and_1():
+    with pytest.raises(ValueError, match="prefill_share"):
+        EngineConfig(prefill_share=0)
+    with pytest.raises(ValueError, match="prefill_share"):
+        EngineConfig(prefill_share=1.5)
+
+
 def _submit_together(engine, requests) -> list:
     """Submit `requests` while the engine thread is busy, so they arrive together (as an agent's
     parallel subagents do); their submissions."""

@@ -47,6 +47,9 @@ class EngineConfig:
     max_batch: int = 8  # requests admitted at once (prefilling or decoding)
     memory_budget: int | None = None  # KV bytes admitted requests may reserve; None: a quarter of RAM
     share_prompts: bool = True  # a queued request waits for a prefilling one's shared prompt (shared_prompt.py)
+    # While prompts are computed beside replies that stream, the share of the engine's time the
+    # prompts get (scheduler.py); 1.0: a prompt chunk every step, however long the chunk takes.
+    prefill_share: float = 0.5
 
     def __post_init__(self):
         if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
@@ -57,6 +60,8 @@ class EngineConfig:
             raise ValueError(f"chunk_size must be an integer >= 16, got {self.chunk_size!r}")
         if not (isinstance(self.depth, int) and 1 <= self.depth <= 4):
             raise ValueError(f"depth must be in 1..4, got {self.depth!r}")
+        if not (isinstance(self.prefill_share, (int, float)) and 0 < self.prefill_share <= 1):
+            raise ValueError(f"prefill_share must be in (0, 1], got {self.prefill_share!r}")
 
 
 class Submission:
@@ -435,7 +440,9 @@ class Engine:
         self._kv_per_token = kv_bytes_per_token(self.model_config, itemsize, self.has_mtp)
         budget = self.config.memory_budget or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
         self.scheduler = Scheduler(self.runner, self.config.chunk_size, self.config.max_batch, budget,
-                                   lambda seq, event: self._publish(seq.sub, event), self._finish)
+                                   lambda seq, event: self._publish(seq.sub, event), self._finish,
+                                   # sharded ranks step in lockstep: no decision of theirs may hang on a clock
+                                   prefill_share=1.0 if self.runner.sharded else self.config.prefill_share)
 
     def _step(self, work) -> None:
         """One unit of work. An exception fails at most the requests of that step or that background job."""

@@ -69,11 +69,12 @@ def kv_bytes_per_token(model_config: dict, itemsize: int, with_mtp: bool) -> int
 
 class Scheduler:
     def __init__(self, runner, chunk_size: int, max_batch: int, memory_budget: int,
-                 publish: Callable, finish: Callable):
+                 publish: Callable, finish: Callable, prefill_share: float = 1.0):
         """`publish(seq, event)` hands an event out; `finish(seq, error)` ends a sequence: with
         error None its final events and the bank's commit (its caches are its own again by then),
-        else its Failed event."""
-        self.runner, self.chunk_size = runner, chunk_size
+        else its Failed event. `prefill_share`: see step."""
+        self.runner, self.chunk_size, self.prefill_share = runner, chunk_size, prefill_share
+        self.contended = [0.0, 0.0]  # seconds of prompt chunks and of decode rounds while both had work
         self.max_batch, self.memory_budget = max_batch, memory_budget
         self.publish, self.finish = publish, finish
         self.prefilling: deque[Sequence] = deque()
@@ -131,9 +132,19 @@ class Scheduler:
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> None:
+        """Prompt chunks (up to chunk_size tokens), then one round of every decoding row. While
+        both have work, the prompts get `prefill_share` of the time: a prompt chunk at agent
+        context costs many decode rounds on a CPU (a 256-token chunk at 20k tokens, ~10), so a
+        chunk every step left a streaming reply a tenth of the engine while another agent's long
+        prompt went in; past its share, a step runs the rounds alone."""
         budget, joining, prefilled = self.chunk_size, [], False
+        contended = bool(self.prefilling and self.groups)
+        if not contended:
+            self.contended = [0.0, 0.0]
+        prompts_s, rounds_s = self.contended
+        owed = contended and prompts_s * (1 - self.prefill_share) > rounds_s * self.prefill_share
         started = time.perf_counter()
-        for _ in range(len(self.prefilling)):  # each sequence at most once a step
+        for _ in range(0 if owed else len(self.prefilling)):  # each sequence at most once a step
             seq = self.prefilling[0]
             if budget < self.chunk_size and (seq.todo is None or seq.todo > budget):
                 break  # the decoding rows wait for one chunk's worth of prompt, never more
@@ -145,8 +156,9 @@ class Scheduler:
                 joining.append(seq)
             if budget <= 0:
                 break
+        prefill_s = time.perf_counter() - started
         if prefilled:  # the rows already decoding waited for these prompt chunks
-            self._waited(time.perf_counter() - started)
+            self._waited(prefill_s)
         for key in dict.fromkeys(self._key(s) for s in joining):  # one merge per batch, however many join
             rows = [s for s in joining if self._key(s) == key]
             try:
@@ -167,6 +179,8 @@ class Scheduler:
             took.append(time.perf_counter() - started)
         for i, key in enumerate(order[:-1]):
             self._waited(sum(took[i + 1:]), only=key)
+        if contended:
+            self.contended = [prompts_s + prefill_s, rounds_s + sum(took)]
         self.current = None
 
     def _waited(self, seconds: float, only=None) -> None:
