@@ -118,6 +118,11 @@ class TurnRecord:
     sent_back: bool = False  # the client's next request carries this reply (ended by EOS or max_tokens)
 
 
+def _placed(anchors: list[Anchor], anchor: Anchor) -> list[Anchor]:
+    """`anchors` with `anchor` in its place (the one kind a position has: this one)."""
+    return sorted([a for a in anchors if a.position != anchor.position] + [anchor], key=lambda a: a.position)
+
+
 class SessionBank:
     def __init__(self, tokenizer, identity: str, *, recurrent: bool, config: BankConfig = BankConfig(), ssd=None,
                  notify: Callable[[str, str], None] = lambda action, detail: None):
@@ -186,11 +191,11 @@ class SessionBank:
         if not any(a.kind == HEAD for a in anchors):  # a template that folds the system prompt into a user turn
             head = self.folded_heads.head(chat, tokens)
             if head is not None and head >= self.config.min_restore:
-                anchors = sorted([a for a in anchors if a.position != head] + [Anchor(head, HEAD)], key=lambda a: a.position)
+                anchors = _placed(anchors, Anchor(head, HEAD))
         head = next((a.position for a in anchors if a.kind == HEAD), None)
         if head is not None and (end := self.system_ends.position(chat, tokens, head)) is not None \
                 and end >= self.config.min_restore:  # the system text before the tools: kept when they change
-            anchors = sorted([a for a in anchors if a.position != end] + [Anchor(end, SYSTEM)], key=lambda a: a.position)
+            anchors = _placed(anchors, Anchor(end, SYSTEM))
         identity = self.identity(use_mtp)
         restore = plan_restore(tokens, anchors, self.views(), identity, need_mtp=use_mtp, recurrent=self.recurrent,
                                min_restore=self.config.min_restore)

@@ -24,6 +24,16 @@ PROBES = ("What is in docs?", "Zebra crossing, 42.")  # first tokens unlike each
 KEEP = 64  # system prompts remembered (each costs two renderings the first time it is seen)
 
 
+def probed(known: OrderedDict, key: str, probe):
+    """`probe()` for `key`, remembered: the KEEP most recently used (a probe renders the template)."""
+    if key not in known:
+        known[key] = probe()
+        if len(known) > KEEP:
+            known.popitem(last=False)
+    known.move_to_end(key)
+    return known[key]
+
+
 def leading_system(messages: list) -> list[dict]:
     """The system (and developer) messages a conversation opens with."""
     lead = []
@@ -48,12 +58,7 @@ class FoldedHeads:
         if not lead or len(lead) == len(messages):
             return None
         key = json.dumps([lead, chat.get("tools")], sort_keys=True, default=str)
-        if key not in self.known:
-            self.known[key] = self._probe(lead, chat.get("tools"))
-            if len(self.known) > KEEP:
-                self.known.popitem(last=False)
-        self.known.move_to_end(key)
-        end, probe = self.known[key]
+        end, probe = probed(self.known, key, lambda: self._probe(lead, chat.get("tools")))
         if not end or end >= len(prompt) or common_prefix(prompt[:end], probe[:end]) < end:
             return None
         return end

@@ -17,7 +17,7 @@ import json
 import logging
 from collections import OrderedDict
 
-from mtplx.bank.folded_head import KEEP, PROBES, leading_system
+from mtplx.bank.folded_head import PROBES, leading_system, probed
 from mtplx.bank.plan import common_prefix
 
 log = logging.getLogger("mtplx.bank")
@@ -36,12 +36,7 @@ class SystemEnds:
         if not tools or not lead:
             return None
         key = json.dumps([lead, tools], sort_keys=True, default=str)
-        if key not in self.known:
-            self.known[key] = self._probe(lead, tools)
-            if len(self.known) > KEEP:
-                self.known.popitem(last=False)
-        self.known.move_to_end(key)
-        end, bare = self.known[key]
+        end, bare = probed(self.known, key, lambda: self._probe(lead, tools))
         if not 0 < end < head or common_prefix(prompt[:end], bare[:end]) < end:
             return None
         return end

@@ -246,8 +246,9 @@ class Scheduler:
                 for seq, (new, drafts, accepted) in zip(rows, results):
                     self.current = seq.request_id
                     stats = seq.gen.stats
-                    stats.rounds, stats.batched_rounds, stats.batch_rows = \
-                        stats.rounds + 1, stats.batched_rounds + 1, stats.batch_rows + len(rows)
+                    stats.rounds += 1
+                    stats.batched_rounds += 1
+                    stats.batch_rows += len(rows)
                     events = seq.gen.take_round(new, drafts, accepted) if drafts else seq.gen.take_tokens(new)
                     for event in events:
                         self.publish(seq, event)
