@@ -205,6 +205,9 @@ def tui(
                                                  "reply) to allow; default: the model's max_position_embeddings."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, max=64, help="Requests decoding together "
                                             "(one batched forward per step; default 8, 1 = one at a time)."),
+    prefill_share: Optional[float] = typer.Option(None, "--prefill-share", min=0.05, max=1.0, help="While prompts "
+                                                  "are computed beside streaming replies, the share of the engine's "
+                                                  "time the prompts get (default 0.5; 1 = a prompt chunk every step)."),
     replay: Optional[Path] = typer.Option(None, "--replay", exists=True, dir_okay=False,
                                           help="Open the replay screen on this transcript (the `mtplx replay` format)."),
 ) -> None:
@@ -233,7 +236,7 @@ def tui(
         else:
             sock = _listen("127.0.0.1", port)  # a port asked for by name: busy fails before the model loads
         engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd, context_window=context_window,
-                             max_batch=max_batch, **_budgets(bank_ram, bank_ssd))
+                             max_batch=max_batch, prefill_share=prefill_share, **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
         _fail(exc)
     _window_notice(engine)
@@ -276,6 +279,9 @@ def serve(
                                                  "reply) to allow; default: the model's max_position_embeddings."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, max=64, help="Requests decoding together "
                                             "(one batched forward per step; default 8, 1 = one at a time)."),
+    prefill_share: Optional[float] = typer.Option(None, "--prefill-share", min=0.05, max=1.0, help="While prompts "
+                                                  "are computed beside streaming replies, the share of the engine's "
+                                                  "time the prompts get (default 0.5; 1 = a prompt chunk every step)."),
     shard: Optional[str] = typer.Option(None, "--shard", help="Shard the model over ranks: tp (tensor parallel) or pp "
                                         "(pipeline parallel), on MLX's ring backend (docs/scale.md)."),
     ranks: Optional[int] = typer.Option(None, "--ranks", min=2, help="With --shard: start this many ranks on this "
@@ -300,7 +306,8 @@ def serve(
     try:
         sock = _listen(host, port) if group is None or group.rank == 0 else None  # a busy port fails at once
         engine = open_engine(model, depth=depth, no_mtp=no_mtp, ssd=not no_ssd, context_window=context_window,
-                             max_batch=max_batch, receipts=group is None or group.rank == 0, group=group,
+                             max_batch=max_batch, prefill_share=prefill_share, receipts=group is None or group.rank == 0,
+                             group=group,
                              **_budgets(bank_ram, bank_ssd))
     except MtplxError as exc:
         if group is not None and group.rank != 0:

@@ -39,7 +39,8 @@ def switch_interval() -> float:
 
 
 def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int = 256,
-                  context_window: int | None = None, max_batch: int | None = None) -> EngineConfig:
+                  context_window: int | None = None, max_batch: int | None = None,
+                  prefill_share: float | None = None) -> EngineConfig:
     # `mtplx tune` stores under the loaded checkpoint's identity, which names an fp32 cast,
     # whether quantized layers were unpacked and the SiLU (compute.ComputePath.salt). A tune
     # stored before the vector SiLU existed still gives the defaults, after one made with it.
@@ -52,13 +53,14 @@ def engine_config(model_path, depth: int | None, no_mtp: bool, chunk_size: int =
     use_mtp = False if no_mtp else tuned.get("mtp", True) if depth is None else True
     return EngineConfig(chunk_size=chunk_size, use_mtp=use_mtp, depth=depth or tuned.get("depth", 2),
                         context_window=context_window,
-                        **({"max_batch": max_batch} if max_batch is not None else {}))
+                        **({"max_batch": max_batch} if max_batch is not None else {}),
+                        **({"prefill_share": prefill_share} if prefill_share is not None else {}))
 
 
 def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank: bool = True,
                 receipts: bool = True, ssd: bool = True, bank_ram: int | None = None,
                 bank_ssd: int | None = None, context_window: int | None = None,
-                max_batch: int | None = None, group=None) -> Engine:
+                max_batch: int | None = None, prefill_share: float | None = None, group=None) -> Engine:
     """A started engine; with a session bank unless bank=False (RAM budget `bank_ram` bytes, else a
     quarter of free memory), persisted under $MTPLX_HOME/bank unless ssd=False (disk budget
     `bank_ssd` bytes, else a tenth of the free disk up to 20 GiB), and every turn written to the
@@ -70,7 +72,8 @@ def open_engine(model: str, depth: int | None = None, no_mtp: bool = False, bank
     sys.setswitchinterval(switch_interval())  # this process streams the engine's output: see above
     path = resolve(model)
     bank_config = (BankConfig(budget_bytes=bank_ram) if bank_ram else BankConfig()) if bank else None
-    config = engine_config(path, depth, no_mtp, context_window=context_window, max_batch=max_batch)
+    config = engine_config(path, depth, no_mtp, context_window=context_window, max_batch=max_batch,
+                           prefill_share=prefill_share)
     ssd_config = SsdConfig.default(budget_bytes=bank_ssd) if bank and ssd else None
     name = model if "/" not in model else None
     if group is not None:
