@@ -536,6 +536,9 @@ def test_metrics_and_events_stream(server, client):
     client.chat.completions.create(model="tiny-dense", messages=ask(), max_tokens=5)
     text = httpx.get(server[0] + "/metrics").text
     assert "mtplx_ttft_seconds_bucket" in text and "mtplx_cache_restored_tokens_total" in text
+    rounds = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("mtplx_decode_rounds_total")}
+    assert rounds['mtplx_decode_rounds_total{batched="false"}'] > 0  # the turn's rounds, alone
+    assert "mtplx_waited_on_others_seconds_total" in text and "mtplx_queued_seconds_total" in text
     # labels are declared routes: a scanner's paths (one with a quote in it) do not each add a series
     for path in ("/wp-admin/x", '/a"b', "/v1/models/tiny-dense", "/v1/models/other"):
         httpx.get(server[0] + path)

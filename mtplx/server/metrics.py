@@ -24,6 +24,12 @@ class Metrics:
         self.ttft_sum = 0.0
         self.drafted = Counter()
         self.accepted = Counter()
+        # how turns shared the engine (engine/stats.py): rounds alone and batched, the rows of
+        # the batched ones, the wait for admission and for other requests' work between rounds
+        self.rounds = Counter()  # batched: True / False
+        self.batch_rows = 0
+        self.queued_s = 0.0
+        self.others_s = 0.0
 
     def request(self, route: str, status: int) -> None:
         with self.lock:
@@ -44,6 +50,12 @@ class Metrics:
                     self.accepted[position] += position <= event.accepted
             elif isinstance(event, Finished):
                 self.finished[event.finish_reason] += 1
+                s = event.stats
+                self.rounds[True] += s.batched_rounds
+                self.rounds[False] += s.rounds - s.batched_rounds
+                self.batch_rows += s.batch_rows
+                self.queued_s += s.queued_s
+                self.others_s += s.others_s
             elif isinstance(event, Failed):
                 self.failed += 1
 
@@ -67,6 +79,12 @@ class Metrics:
             lines += [f'mtplx_drafts_total{{position="{p}"}} {n}' for p, n in sorted(self.drafted.items())]
             lines += ["# TYPE mtplx_drafts_accepted_total counter"]
             lines += [f'mtplx_drafts_accepted_total{{position="{p}"}} {n}' for p, n in sorted(self.accepted.items())]
+            lines += ["# TYPE mtplx_decode_rounds_total counter"]
+            lines += [f'mtplx_decode_rounds_total{{batched="{str(b).lower()}"}} {self.rounds[b]}' for b in (False, True)]
+            lines += ["# TYPE mtplx_batched_round_rows_total counter", f"mtplx_batched_round_rows_total {self.batch_rows}",
+                      "# TYPE mtplx_queued_seconds_total counter", f"mtplx_queued_seconds_total {self.queued_s:.6f}",
+                      "# TYPE mtplx_waited_on_others_seconds_total counter",
+                      f"mtplx_waited_on_others_seconds_total {self.others_s:.6f}"]
             if self.layout:
                 lines += ["# TYPE mtplx_ranks gauge", f'mtplx_ranks{{mode="{self.layout["mode"]}"}} {self.layout["ranks"]}']
             return "\n".join(lines) + "\n"
