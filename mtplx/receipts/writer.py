@@ -17,7 +17,7 @@ import os
 import threading
 
 from mtplx.events import EngineEvent, Failed, Finished, FirstToken, Queued, Restored, Tokens
-from mtplx.receipts.store import ReceiptStore
+from mtplx.receipts.store import SHARING, ReceiptStore
 
 log = logging.getLogger("mtplx.receipts")
 
@@ -135,8 +135,7 @@ class ReceiptWriter:
                            drafted_by_depth=json.dumps(list(s.drafted_by_depth)),
                            accepted_by_depth=json.dumps(list(s.accepted_by_depth)),
                            reasoning_tokens=s.tokens_by_segment.get("reasoning"),
-                           queued_s=s.queued_s, rounds=s.rounds, batched_rounds=s.batched_rounds,
-                           rows_mean=s.rows_mean, others_s=s.others_s,
+                           **{column: getattr(s, column) for column in SHARING},
                            **({"predicted_drafted": s.predicted_drafted, "predicted_accepted": s.predicted_accepted}
                               if s.predicted_drafted else {}))
             else:

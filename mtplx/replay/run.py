@@ -31,9 +31,9 @@ def ceilings(transcript: Transcript, tokenizer) -> list[tuple[int, int | None]]:
 
     A turn's ceiling is where the first message the server had not seen in the session's
     previous request starts (the transcript's assistant messages are teacher-forced, so they are
-    new to the server; a message the client edited since is new too). A session's first turn can reuse a head another session already sent. As
-    the server does (server/turns.session_from), a session is scoped by its head (system prompt
-    and tools): a turn whose head changed to one the session had not used can reuse only what it
+    new to the server; a message the client edited since is new too). A session's first turn can
+    reuse a head another session already sent. As the server does (server/turns.session_from), a
+    session is scoped by its head (system prompt and tools): a turn whose head changed to one the session had not used can reuse only what it
     shares with the session's previous request (all of its head when another request sent it);
     back on a head it used, the session's messages under that head count."""
     markers = Markers.from_tokenizer(tokenizer)

@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
+from mtplx.receipts.store import SHARING
 from tui.widgets.anchor_map import AnchorMap
 from tui.widgets.bank import made_by, origin_of
 
@@ -74,8 +75,7 @@ def from_record(record) -> dict:
             "drafted_by_depth": json.dumps(list(s.drafted_by_depth)),
             "accepted_by_depth": json.dumps(list(s.accepted_by_depth)),
             "predicted_drafted": s.predicted_drafted, "predicted_accepted": s.predicted_accepted,
-            "queued_s": s.queued_s, "rounds": s.rounds, "batched_rounds": s.batched_rounds, "rows_mean": s.rows_mean,
-            "others_s": s.others_s,
+            **{column: getattr(s, column) for column in SHARING},
             "finish_reason": record.finish, "completion_tokens": f.completion_tokens}
 
 
